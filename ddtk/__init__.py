@@ -1,0 +1,17 @@
+"""ddtk: the Distributed Training at Scale course kit.
+
+The public face of the package is small:
+
+- :func:`launch` starts N local ranks (real processes) and runs a function in each;
+- :class:`DistributedContext` is what each rank receives: point-to-point messages
+  and collectives implemented from send and recv, one algorithm per file;
+- :class:`ReduceOp` names the reductions;
+- :class:`RankError` is raised by :func:`launch` when a rank fails.
+"""
+
+from ddtk._version import __version__
+from ddtk.comm.context import DistributedContext
+from ddtk.comm.ops import ReduceOp
+from ddtk.launch import RankError, launch
+
+__all__ = ["DistributedContext", "RankError", "ReduceOp", "__version__", "launch"]

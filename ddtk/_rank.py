@@ -1,0 +1,87 @@
+"""Entry point of one rank started by :func:`ddtk.launch` (``python -m ddtk._rank``).
+
+The parent writes a cloudpickled job to this process's stdin, keeps the other
+end of a result pipe, and owns the rendezvous store. This process joins the
+process group, runs the user's function with a :class:`DistributedContext`,
+and writes back one framed record: ``("ok", result)`` or ``("error", text)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import struct
+import sys
+import traceback
+from typing import Any
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process if the launching process dies, so no rank is orphaned."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def write_record(fd: int, record: Any) -> None:
+    """Frame and write one cloudpickled record (8-byte length prefix)."""
+    import cloudpickle
+
+    data = cloudpickle.dumps(record)
+    with os.fdopen(fd, "wb", closefd=True) as f:
+        f.write(struct.pack("<Q", len(data)))
+        f.write(data)
+
+
+def _run(job: dict) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    from ddtk.comm.context import DistributedContext, _init_group
+
+    torch.set_num_threads(job["threads"])
+    rank, world = job["rank"], job["world_size"]
+    if job["backend"] == "nccl":
+        torch.cuda.set_device(rank)
+    store = dist.TCPStore(job["host"], job["port"], world + 1, is_master=False, timeout=_td(job["timeout"]))
+    _init_group(job["backend"], rank, world, job["timeout"], store=store)
+    try:
+        ctx = DistributedContext.from_env(job["backend"], validate=job["validate"], timeout=job["timeout"])
+        return job["fn"](ctx, *job["args"], **job["kwargs"])
+    finally:
+        dist.destroy_process_group()
+
+
+def _td(seconds: float):
+    from datetime import timedelta
+
+    return timedelta(seconds=seconds)
+
+
+def main() -> None:
+    result_fd = int(sys.argv[1])
+    _die_with_parent(int(sys.argv[2]))
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    import cloudpickle
+
+    job = cloudpickle.loads(sys.stdin.buffer.read())
+    try:
+        record: tuple[str, Any] = ("ok", _run(job))
+    except BaseException as exc:  # report everything, including KeyboardInterrupt
+        record = ("error", "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    try:
+        write_record(result_fd, record)
+    except Exception as exc:  # the result itself could not be pickled
+        text = f"rank {job['rank']}: the return value could not be sent back: {exc!r}"
+        write_record(result_fd, ("error", text))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""DistributedContext: what each rank holds to talk to the others.
+
+It wraps an initialised ``torch.distributed`` process group and offers
+point-to-point messages and the collectives, each implemented in its own module
+from point-to-point sends and receives (``ring.py``, ``tree.py``...). It checks
+its arguments, validates that all ranks agree (see :mod:`ddtk.comm.validation`),
+times every collective into :attr:`stats`, and never modifies its inputs.
+
+Results live on :attr:`device` (``cpu`` with gloo, ``cuda:<local rank>`` with NCCL).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddtk.comm import barrier as _barrier
+from ddtk.comm import hierarchical, naive, recursive_doubling, reference, ring, tree
+from ddtk.comm import validation as _validation
+from ddtk.comm.ops import ReduceOp, check_op_dtype
+from ddtk.comm.stats import CommStats
+from ddtk.comm.transport import USER_TAG_LIMIT, Message, Transport
+
+ALL_REDUCE_ALGORITHMS: tuple[str, ...] = ("ring", "tree", "recursive_doubling", "naive", "hierarchical", "torch")
+
+_P2P_ALL_REDUCE: dict[str, Callable[..., torch.Tensor]] = {
+    "ring": ring.all_reduce,
+    "tree": tree.all_reduce,
+    "recursive_doubling": recursive_doubling.all_reduce,
+    "naive": naive.all_reduce,
+}
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            return int(value)
+    return None
+
+
+def resolve_backend(backend: str, local_world_size: int) -> str:
+    """Turn ``"auto"`` into ``"nccl"`` (one GPU per local rank available) or ``"gloo"``; validate others."""
+    if backend not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"unknown backend {backend!r}; expected 'auto', 'gloo' or 'nccl'")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    nccl_ok = gpus >= local_world_size and dist.is_nccl_available()
+    if backend == "auto":
+        return "nccl" if nccl_ok else "gloo"
+    if backend == "nccl" and not nccl_ok:
+        raise ValueError(
+            f"backend='nccl' needs one CUDA GPU per local rank ({local_world_size}) and a torch "
+            f"built with NCCL; this machine has {gpus} GPU(s), NCCL available: "
+            f"{dist.is_nccl_available()}. Use backend='gloo' (or 'auto') to run on CPU."
+        )
+    return backend
+
+
+class DistributedContext:
+    """One rank's handle on the group: messages, collectives and statistics."""
+
+    def __init__(self, rank: int, world_size: int, backend: str, device: torch.device | str, validate: bool = True):
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = backend
+        self.device = torch.device(device)
+        self.validate = validate
+        self.stats = CommStats()
+        self._comm = Transport(rank, world_size, self.device, self.stats)
+        self._all = list(range(world_size))
+
+    # -- construction ----------------------------------------------------------------
+    @classmethod
+    def from_env(
+        cls, backend: str = "auto", validate: bool = True, timeout: float = 1800.0
+    ) -> DistributedContext:
+        """Wrap the process group that a launcher set up, initialising it if needed.
+
+        Works under ``torchrun`` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT),
+        inside a Ray Train worker (the group is already initialised), under SLURM
+        (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, with MASTER_ADDR/PORT exported
+        by the batch script) and under :func:`ddtk.launch`.
+        """
+        local_size = _env_int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE") or 1
+        local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID") or 0
+        if not dist.is_initialized():
+            rank = _env_int("RANK", "SLURM_PROCID")
+            world = _env_int("WORLD_SIZE", "SLURM_NTASKS")
+            if rank is None or world is None:
+                raise RuntimeError(
+                    "DistributedContext.from_env() found no process group and no RANK/WORLD_SIZE "
+                    "(or SLURM_PROCID/SLURM_NTASKS) in the environment. Start the script with "
+                    "torchrun, srun or ddtk.launch, or call torch.distributed.init_process_group first."
+                )
+            backend = resolve_backend(backend, local_size)
+            if backend == "nccl":
+                torch.cuda.set_device(local_rank)
+            _init_group(backend, rank, world, timeout)
+        backend = dist.get_backend()
+        device = torch.device(f"cuda:{torch.cuda.current_device()}") if backend == "nccl" else torch.device("cpu")
+        return cls(dist.get_rank(), dist.get_world_size(), backend, device, validate)
+
+    @property
+    def is_master(self) -> bool:
+        """True on rank 0, the rank that logs, plots and writes checkpoints."""
+        return self.rank == 0
+
+    def __repr__(self) -> str:
+        return f"DistributedContext(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, device={self.device})"
+
+    # -- point to point --------------------------------------------------------------
+    def send(self, obj: Any, dst: int, tag: int = 0) -> None:
+        """Send a tensor or any picklable object to rank ``dst`` (blocks until it is handed over)."""
+        self._check_peer(dst, "dst")
+        self._check_tag(tag)
+        self._comm.send_any(obj, dst, tag)
+
+    def recv(self, src: int | None = None, tag: int = 0) -> Message:
+        """Receive the next message with ``tag`` from ``src`` (from any rank if ``src`` is None)."""
+        if src is not None:
+            self._check_peer(src, "src")
+        elif self.backend == "nccl":
+            raise ValueError("recv(src=None) is not supported with NCCL, which has no receive-from-any; give src")
+        self._check_tag(tag)
+        return self._comm.recv_any(src, tag)
+
+    # -- collectives -----------------------------------------------------------------
+    def broadcast(self, tensor: torch.Tensor | None, root: int = 0) -> torch.Tensor:
+        """Root's tensor on every rank; non-root ranks may pass None (they learn the shape from root)."""
+        self._check_root(root)
+        if self.rank == root:
+            self._check_tensor(tensor, "broadcast")
+        with self._collective("broadcast", None, root=root):
+            tag = self._comm.tag_block()
+            if self.world_size == 1:
+                return tensor.detach().to(self.device, copy=True)  # type: ignore[union-attr]
+            if self.rank == root:
+                meta = torch.tensor(list(tensor.shape), dtype=torch.int64)  # type: ignore[union-attr]
+                _send_meta(self, meta, tensor.dtype, root, tag)  # type: ignore[union-attr]
+                buf = tensor.detach().to(self.device, copy=True).contiguous()  # type: ignore[union-attr]
+            else:
+                buf = _recv_meta(self, root, tag)
+            return tree.broadcast_(self._comm, self._all, buf, root, tag + 2)
+
+    def scatter(self, chunks: Sequence[torch.Tensor] | torch.Tensor | None, root: int = 0) -> torch.Tensor:
+        """Rank i gets ``chunks[i]`` from root. A tensor is split along dim 0 like ``torch.tensor_split``."""
+        self._check_root(root)
+        if self.rank == root:
+            chunks = self._scatter_chunks(chunks)
+        with self._collective("scatter", None, root=root):
+            return naive.scatter(self._comm, self._all, chunks, root)  # type: ignore[arg-type]
+
+    def gather(self, tensor: torch.Tensor, root: int = 0) -> list[torch.Tensor] | None:
+        """Every rank's tensor, in rank order, on root; None elsewhere. Shapes may differ."""
+        self._check_root(root)
+        self._check_tensor(tensor, "gather")
+        with self._collective("gather", None, root=root):
+            return naive.gather(self._comm, self._all, tensor, root)
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's tensor, in rank order, on every rank (ring). Shapes must match."""
+        self._check_tensor(tensor, "all_gather")
+        with self._collective("all_gather", tensor):
+            return ring.all_gather(self._comm, self._all, tensor)
+
+    def reduce(self, tensor: torch.Tensor, root: int = 0, op: ReduceOp | str = ReduceOp.SUM) -> torch.Tensor | None:
+        """The reduction of every rank's tensor on root (binomial tree); None elsewhere."""
+        self._check_root(root)
+        op = self._check_reduction(tensor, op, "reduce")
+        with self._collective("reduce", tensor, op=op, root=root):
+            return tree.reduce(self._comm, self._all, tensor, op, root)
+
+    def reduce_scatter(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> torch.Tensor:
+        """Reduce every rank's tensor and return this rank's part of dim 0 (``torch.tensor_split`` parts)."""
+        op = self._check_reduction(tensor, op, "reduce_scatter")
+        if tensor.dim() == 0:
+            raise ValueError("reduce_scatter needs a tensor with at least one dimension to split along dim 0")
+        with self._collective("reduce_scatter", tensor, op=op):
+            return ring.reduce_scatter(self._comm, self._all, tensor, op)
+
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOp | str = ReduceOp.SUM,
+        algorithm: str = "ring",
+        group_size: int | None = None,
+    ) -> torch.Tensor:
+        """The reduction of every rank's tensor, on every rank, by the chosen algorithm.
+
+        ``algorithm`` is one of :data:`ALL_REDUCE_ALGORITHMS`; ``group_size`` sets
+        the group size of ``"hierarchical"`` (default about sqrt(world_size)).
+        """
+        op = self._check_reduction(tensor, op, "all_reduce")
+        if algorithm not in ALL_REDUCE_ALGORITHMS:
+            raise ValueError(f"unknown all_reduce algorithm {algorithm!r}; expected one of {', '.join(ALL_REDUCE_ALGORITHMS)}")
+        if group_size is not None and (algorithm != "hierarchical" or group_size < 1):
+            raise ValueError("group_size is a positive integer and only applies to algorithm='hierarchical'")
+        extra = {"group_size": group_size} if algorithm == "hierarchical" else {}
+        with self._collective("all_reduce", tensor, op=op, algorithm=algorithm, **extra):
+            if algorithm == "torch":
+                return reference.all_reduce(tensor, op, self.world_size, self.device, self.backend)
+            if algorithm == "hierarchical":
+                return hierarchical.all_reduce(self._comm, self._all, tensor, op, group_size)
+            return _P2P_ALL_REDUCE[algorithm](self._comm, self._all, tensor, op)
+
+    def ring_all_reduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> torch.Tensor:
+        """Shorthand for ``all_reduce(tensor, op, algorithm="ring")``."""
+        return self.all_reduce(tensor, op, algorithm="ring")
+
+    def barrier(self) -> None:
+        """Return only when every rank has called barrier (dissemination algorithm)."""
+        with self._collective("barrier", None):
+            _barrier.barrier(self._comm, self._all)
+
+    # -- helpers ---------------------------------------------------------------------
+    def _collective(self, name: str, tensor: torch.Tensor | None, **fields: Any):
+        """Validate agreement across ranks, then time the collective into stats."""
+        desc: dict[str, Any] = {"collective": name, **{k: (v.name if isinstance(v, ReduceOp) else v) for k, v in fields.items()}}
+        if tensor is not None:
+            desc.update(dtype=str(tensor.dtype), shape=tuple(tensor.shape))
+        if self.validate:
+            _validation.check(desc, self.world_size, self.device)
+        label = f"{name}[{fields['algorithm']}]" if "algorithm" in fields else name
+        return self.stats.timed(label)
+
+    def _check_tensor(self, tensor: Any, what: str) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{what} expects a torch.Tensor, got {type(tensor).__name__}")
+
+    def _check_reduction(self, tensor: Any, op: ReduceOp | str, what: str) -> ReduceOp:
+        self._check_tensor(tensor, what)
+        op = ReduceOp.parse(op)
+        check_op_dtype(op, tensor.dtype)
+        return op
+
+    def _check_root(self, root: int) -> None:
+        if not isinstance(root, int) or not 0 <= root < self.world_size:
+            raise ValueError(f"root must be a rank in [0, {self.world_size}), got {root!r}")
+
+    def _check_peer(self, peer: int, name: str) -> None:
+        if not isinstance(peer, int) or not 0 <= peer < self.world_size:
+            raise ValueError(f"{name} must be a rank in [0, {self.world_size}), got {peer!r}")
+        if peer == self.rank:
+            raise ValueError(f"rank {self.rank} cannot send to or receive from itself ({name}={peer})")
+
+    def _check_tag(self, tag: int) -> None:
+        if not isinstance(tag, int) or not 0 <= tag < USER_TAG_LIMIT:
+            raise ValueError(f"tag must be an int in [0, {USER_TAG_LIMIT}), got {tag!r}")
+
+    def _scatter_chunks(self, chunks: Sequence[torch.Tensor] | torch.Tensor | None) -> list[torch.Tensor]:
+        if isinstance(chunks, torch.Tensor):
+            if chunks.dim() == 0:
+                raise ValueError("scatter cannot split a 0-d tensor; pass a list of world_size tensors")
+            return list(torch.tensor_split(chunks, self.world_size))
+        if chunks is None or len(chunks) != self.world_size:
+            got = "None" if chunks is None else f"{len(chunks)} chunks"
+            raise ValueError(f"scatter on the root needs {self.world_size} chunks (one per rank) or a tensor to split, got {got}")
+        for c in chunks:
+            self._check_tensor(c, "scatter")
+        return list(chunks)
+
+
+def _send_meta(ctx: DistributedContext, shape: torch.Tensor, dtype: torch.dtype, root: int, tag: int) -> None:
+    """Tell every rank the shape and dtype of the coming broadcast (tree, two tiny messages)."""
+    from ddtk.comm.transport import _DTYPE_CODE
+
+    head = torch.tensor([shape.numel(), _DTYPE_CODE[dtype]], dtype=torch.int64, device=ctx.device)
+    tree.broadcast_(ctx._comm, ctx._all, head, root, tag)
+    tree.broadcast_(ctx._comm, ctx._all, shape.to(ctx.device), root, tag + 1)
+
+
+def _recv_meta(ctx: DistributedContext, root: int, tag: int) -> torch.Tensor:
+    """Receive what :func:`_send_meta` sent and allocate the broadcast buffer."""
+    from ddtk.comm.transport import _DTYPES
+
+    head = torch.empty(2, dtype=torch.int64, device=ctx.device)
+    tree.broadcast_(ctx._comm, ctx._all, head, root, tag)
+    ndim, code = (int(v) for v in head.tolist())
+    shape = torch.empty(ndim, dtype=torch.int64, device=ctx.device)
+    tree.broadcast_(ctx._comm, ctx._all, shape, root, tag + 1)
+    return torch.empty([int(s) for s in shape.tolist()], dtype=_DTYPES[code], device=ctx.device)
+
+
+def _init_group(backend: str, rank: int, world_size: int, timeout: float, store: Any = None) -> None:
+    """Initialise the default process group (env:// rendezvous unless a store is given)."""
+    kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size, "timeout": timedelta(seconds=timeout)}
+    if store is not None:
+        kwargs["store"] = store
+    if backend == "nccl":
+        kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group(**kwargs)

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Build Horovod 0.28.1 from the PyPI sdist against the torch in $PYTHON's environment,
+# cache the wheel, and install it.
+#
+# Why a build script: Horovod 0.28.1 is the newest release and its CMake files ask for
+# C++14, but torch >= 2.1 headers need C++17 (upstream fixed this in PR #3998, after the
+# release). CMake 4 also refuses the old cmake_minimum_required() in Horovod's vendored
+# third-party code unless CMAKE_POLICY_VERSION_MINIMUM is set.
+#
+# Usage: scripts/build_horovod.sh [PYTHON]   (default: .venv/bin/python)
+# The wheel is cached under .cache/wheels/, keyed by the torch version and CUDA flag,
+# so a second run only reinstalls it.
+set -euo pipefail
+
+PY=${1:-.venv/bin/python}
+HVD_VERSION=0.28.1
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CACHE="$ROOT/.cache/wheels"
+mkdir -p "$CACHE"
+
+TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
+HAS_CUDA=$("$PY" -c 'import torch; print(int(torch.cuda.is_available() and torch.version.cuda is not None))')
+KEY="torch${TORCH_VERSION}-cuda${HAS_CUDA}"
+WHEEL_DIR="$CACHE/horovod-$HVD_VERSION-$KEY"
+
+if "$PY" -c "import horovod.torch as h, sys; sys.exit(0 if h.gloo_built() else 1)" 2>/dev/null \
+   && [ -f "$WHEEL_DIR/.ok" ]; then
+  echo "horovod $HVD_VERSION is already installed for $KEY"
+  exit 0
+fi
+
+if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+  echo "building horovod $HVD_VERSION for $KEY (takes about 4 minutes on 2 cores)"
+  WORK=$(mktemp -d)
+  trap 'rm -rf "$WORK"' EXIT
+  "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HVD_VERSION" -d "$WORK"
+  tar -xzf "$WORK/horovod-$HVD_VERSION.tar.gz" -C "$WORK"
+  SRC="$WORK/horovod-$HVD_VERSION"
+  # The C++17 change: top-level project standard and the torch extension's standard.
+  sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
+    "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
+  grep -q 'CMAKE_CXX_STANDARD 17' "$SRC/CMakeLists.txt" || { echo "C++17 patch did not apply" >&2; exit 1; }
+  # cmake from PyPI must be on PATH for setup.py; it sits beside $PY.
+  export PATH="$(dirname "$PY"):$PATH"
+  export CMAKE_POLICY_VERSION_MINIMUM=3.5
+  export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1
+  export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+  if [ "$HAS_CUDA" = 1 ]; then
+    export HOROVOD_GPU_OPERATIONS=NCCL
+  else
+    export HOROVOD_CPU_OPERATIONS=GLOO
+  fi
+  export MAKEFLAGS="-j$(nproc)"
+  mkdir -p "$WHEEL_DIR"
+  # --no-build-isolation: build against the torch already installed, not a fresh download.
+  "$PY" -m pip wheel --no-deps --no-build-isolation -w "$WHEEL_DIR" "$SRC"
+fi
+
+"$PY" -m pip install --quiet --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl
+"$PY" -m pip install --quiet "cloudpickle" "psutil" "pyyaml" "packaging"
+"$PY" -c "import horovod.torch as h; assert h.gloo_built(), 'horovod was built without gloo'; print('horovod', h.__version__ if hasattr(h,'__version__') else '', 'gloo_built', h.gloo_built())"
+touch "$WHEEL_DIR/.ok"

@@ -1,0 +1,42 @@
+"""Shared fixtures: no process may outlive a test, and optional stacks skip or fail by policy."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+
+def require_or_skip(name: str, reason: str) -> None:
+    """Skip for ``reason``, unless DDTK_REQUIRE (comma-separated) names ``name``: then fail.
+
+    ``make test`` sets DDTK_REQUIRE=ray,horovod so CI can never pass by skipping them.
+    """
+    required = {s.strip() for s in os.environ.get("DDTK_REQUIRE", "").split(",") if s.strip()}
+    if name in required:
+        pytest.fail(f"{name} is required here (DDTK_REQUIRE={os.environ['DDTK_REQUIRE']}) but {reason}")
+    pytest.skip(reason)
+
+
+def _children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Fail any test after which a child process of the test run is still alive."""
+    before = {p.pid for p in _children()}
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        left = [p for p in _children() if p.pid not in before]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if left:
+        names = ", ".join(f"{p.pid} ({' '.join(p.cmdline()[:4])})" for p in left)
+        for p in left:
+            p.kill()
+        pytest.fail(f"processes left behind: {names}")
