@@ -51,9 +51,28 @@ def _run(job: dict) -> Any:
     _init_group(job["backend"], rank, world, job["timeout"], store=store)
     try:
         ctx = DistributedContext.from_env(job["backend"], validate=job["validate"], timeout=job["timeout"])
-        return job["fn"](ctx, *job["args"], **job["kwargs"])
+        result = job["fn"](ctx, *job["args"], **job["kwargs"])
+        # A clean exit: wait until every rank is done, deliver messages still in flight,
+        # and only then let the group go, so no peer sees its connection close early.
+        # The barriers go through the launcher's store, not through gloo connections.
+        _store_barrier(store, "ddtk/exit/1", world, job["timeout"])
+        ctx.flush(timeout=5.0)  # everyone is done: what is not received now never will be
+        _store_barrier(store, "ddtk/exit/2", world, job["timeout"])
+        return result
     finally:
         dist.destroy_process_group()
+
+
+def _store_barrier(store, key: str, world_size: int, timeout: float) -> None:
+    """Wait until ``world_size`` processes have reached ``key`` (counted in the TCPStore)."""
+    import time
+
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout
+    while store.add(key, 0) < world_size:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every rank reached the end of the run ({key})")
+        time.sleep(0.002)
 
 
 def _td(seconds: float):

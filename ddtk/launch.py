@@ -101,6 +101,9 @@ def _child_env(rank: int, world_size: int, port: int, threads: int) -> dict[str,
         MASTER_PORT=str(port),
     )
     env.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
+    # Let glibc back large allocations with transparent huge pages where the kernel allows
+    # it ("madvise" mode): a fresh 64 MiB tensor then costs 32 page faults instead of 16384.
+    env.setdefault("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
     return env
 
 

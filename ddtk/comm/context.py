@@ -12,6 +12,7 @@ Results live on :attr:`device` (``cpu`` with gloo, ``cuda:<local rank>`` with NC
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -24,7 +25,9 @@ from ddtk.comm import hierarchical, naive, recursive_doubling, reference, ring, 
 from ddtk.comm import validation as _validation
 from ddtk.comm.ops import ReduceOp, check_op_dtype
 from ddtk.comm.stats import CommStats
-from ddtk.comm.transport import USER_TAG_LIMIT, Message, Transport
+from ddtk.comm.transport import DTYPE_CODE, DTYPES, USER_TAG_LIMIT, Message, Transport, Work
+
+_MAX_PENDING_SENDS = 256
 
 ALL_REDUCE_ALGORITHMS: tuple[str, ...] = ("ring", "tree", "recursive_doubling", "naive", "hierarchical", "torch")
 
@@ -73,6 +76,7 @@ class DistributedContext:
         self.stats = CommStats()
         self._comm = Transport(rank, world_size, self.device, self.stats)
         self._all = list(range(world_size))
+        self._pending: list[tuple[int, int, Work]] = []  # (dst, tag, work) of sends in flight
 
     # -- construction ----------------------------------------------------------------
     @classmethod
@@ -115,10 +119,41 @@ class DistributedContext:
 
     # -- point to point --------------------------------------------------------------
     def send(self, obj: Any, dst: int, tag: int = 0) -> None:
-        """Send a tensor or any picklable object to rank ``dst`` (blocks until it is handed over)."""
+        """Send a tensor or any picklable object to rank ``dst``.
+
+        Returns at once: the message is copied and delivered in the background, so
+        every rank may send before it receives (as in a ring) without deadlock.
+        :meth:`flush` waits until every message sent so far has been delivered.
+        """
         self._check_peer(dst, "dst")
         self._check_tag(tag)
-        self._comm.send_any(obj, dst, tag)
+        if len(self._pending) >= _MAX_PENDING_SENDS:  # bound the memory held by queued messages
+            for _, _, w in self._pending[: _MAX_PENDING_SENDS // 2]:
+                w.wait()
+            del self._pending[: _MAX_PENDING_SENDS // 2]
+        self._pending += [(dst, tag, w) for w in self._comm.send_any(obj, dst, tag)]
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every message sent with :meth:`send` has been received.
+
+        With a ``timeout`` (seconds), raise a RuntimeError naming the messages that
+        no rank received in time, instead of waiting for ever.
+        """
+        if timeout is None:
+            while self._pending:
+                self._pending.pop(0)[2].wait()
+            return
+        deadline = time.monotonic() + timeout
+        while self._pending:
+            try:
+                self._pending[0][2].wait(timedelta(seconds=max(0.001, deadline - time.monotonic())))
+            except RuntimeError:
+                break
+            self._pending.pop(0)
+        if self._pending:
+            lost = sorted({(dst, tag) for dst, tag, _ in self._pending})
+            what = ", ".join(f"to rank {d} with tag {t}" for d, t in lost)
+            raise RuntimeError(f"rank {self.rank} finished with messages that were never received: {what}")
 
     def recv(self, src: int | None = None, tag: int = 0) -> Message:
         """Receive the next message with ``tag`` from ``src`` (from any rank if ``src`` is None)."""
@@ -267,23 +302,21 @@ class DistributedContext:
 
 def _send_meta(ctx: DistributedContext, shape: torch.Tensor, dtype: torch.dtype, root: int, tag: int) -> None:
     """Tell every rank the shape and dtype of the coming broadcast (tree, two tiny messages)."""
-    from ddtk.comm.transport import _DTYPE_CODE
-
-    head = torch.tensor([shape.numel(), _DTYPE_CODE[dtype]], dtype=torch.int64, device=ctx.device)
+    if dtype not in DTYPE_CODE:
+        raise TypeError(f"broadcast does not support dtype {dtype}")
+    head = torch.tensor([shape.numel(), DTYPE_CODE[dtype]], dtype=torch.int64, device=ctx.device)
     tree.broadcast_(ctx._comm, ctx._all, head, root, tag)
     tree.broadcast_(ctx._comm, ctx._all, shape.to(ctx.device), root, tag + 1)
 
 
 def _recv_meta(ctx: DistributedContext, root: int, tag: int) -> torch.Tensor:
     """Receive what :func:`_send_meta` sent and allocate the broadcast buffer."""
-    from ddtk.comm.transport import _DTYPES
-
     head = torch.empty(2, dtype=torch.int64, device=ctx.device)
     tree.broadcast_(ctx._comm, ctx._all, head, root, tag)
     ndim, code = (int(v) for v in head.tolist())
     shape = torch.empty(ndim, dtype=torch.int64, device=ctx.device)
     tree.broadcast_(ctx._comm, ctx._all, shape, root, tag + 1)
-    return torch.empty([int(s) for s in shape.tolist()], dtype=_DTYPES[code], device=ctx.device)
+    return torch.empty([int(s) for s in shape.tolist()], dtype=DTYPES[code], device=ctx.device)
 
 
 def _init_group(backend: str, rank: int, world_size: int, timeout: float, store: Any = None) -> None:

@@ -22,7 +22,8 @@ def gather(comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, root: in
     """Collect every rank's tensor (any shapes) on ``ranks[root]``, in rank order."""
     tag = comm.tag_block()
     if comm.rank != ranks[root]:
-        comm.send_tensor(tensor, ranks[root], tag)
+        for w in comm.send_tensor(tensor, ranks[root], tag):
+            w.wait()
         return None
     out = []
     for r in ranks:
@@ -39,9 +40,9 @@ def scatter(comm: Transport, ranks: Sequence[int], chunks: Sequence[torch.Tensor
     if comm.rank != ranks[root]:
         return comm.recv_any(ranks[root], tag).payload
     assert chunks is not None
-    for r, chunk in zip(ranks, chunks):
-        if r != comm.rank:
-            comm.send_tensor(chunk, r, tag)
+    sends = [w for r, chunk in zip(ranks, chunks) if r != comm.rank for w in comm.send_tensor(chunk, r, tag)]
+    for w in sends:
+        w.wait()
     return chunks[ranks.index(comm.rank)].detach().to(device=comm.device, copy=True)
 
 

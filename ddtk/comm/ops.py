@@ -65,6 +65,19 @@ def combine_(acc: torch.Tensor, incoming: torch.Tensor, op: ReduceOp) -> torch.T
     raise ValueError(f"unsupported op {op}")
 
 
+def combine_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+    """Write ``a (op) b`` into ``out`` without touching ``a`` or ``b``: one pass over memory."""
+    if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        return torch.add(a, b, out=out)
+    if op is ReduceOp.PRODUCT:
+        return torch.mul(a, b, out=out)
+    if op is ReduceOp.MIN:
+        return torch.minimum(a, b, out=out)
+    if op is ReduceOp.MAX:
+        return torch.maximum(a, b, out=out)
+    raise ValueError(f"unsupported op {op}")
+
+
 def finish_(result: torch.Tensor, op: ReduceOp, world_size: int) -> torch.Tensor:
     """Apply the last step of an op after all contributions are combined (AVERAGE divides)."""
     if op is ReduceOp.AVERAGE and world_size > 1:

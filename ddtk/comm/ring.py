@@ -15,8 +15,10 @@ Three things make this a real ring rather than a toy:
   different segments overlap, across steps as well as within one.
 * **All receives are posted up front.** The transport can place incoming bytes
   straight into their final buffer while this rank is busy reducing.
-* **No needless copies.** One copy of the input becomes the result buffer;
-  reductions happen in place; all-gather receives straight into the result.
+* **No needless copies.** Chunks are sent straight from the input; a reduction
+  writes ``own + incoming`` directly into the result; all-gather receives
+  straight into the result; the receive buffer for reductions is a workspace
+  reused across calls, so large all-reduces do not page-fault a fresh one.
 """
 
 from __future__ import annotations
@@ -27,12 +29,16 @@ from dataclasses import dataclass
 
 import torch
 
-from ddtk.comm.ops import ReduceOp, combine_, finish_
+from ddtk.comm.ops import ReduceOp, combine_into, finish_
 from ddtk.comm.transport import TAGS_PER_BLOCK, Transport, Work
 
-SEGMENT_BYTES = 1 << 20
-"""Target segment size. Large enough that per-message overhead is small, small
-enough that a 4 MiB all-reduce on 4 ranks still pipelines."""
+MIN_SEGMENT_BYTES = 256 << 10
+MAX_SEGMENT_BYTES = 4 << 20
+SEGMENTS_PER_CHUNK = 4
+"""A chunk is cut into about this many segments, each between MIN_ and
+MAX_SEGMENT_BYTES. Each message costs tens of microseconds of software overhead
+on the CPU path, so segments must be large; four per chunk is enough for the
+receive of one segment to overlap the reduction of the previous one."""
 
 
 @dataclass(frozen=True)
@@ -108,9 +114,11 @@ def _segments(bound: tuple[int, int], seg_elems: int) -> list[tuple[int, int]]:
 
 
 def _segment_elems(bounds: Sequence[tuple[int, int]], element_size: int, steps: int) -> int:
-    """Segment length in elements: about SEGMENT_BYTES, but never more segments than tags allow."""
+    """Segment length in elements: about 1/SEGMENTS_PER_CHUNK of the longest chunk, clamped
+    to [MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES], and never more segments than tags allow."""
     longest = max(b - a for a, b in bounds)
-    seg = max(1, SEGMENT_BYTES // element_size)
+    target = min(max(longest * element_size // SEGMENTS_PER_CHUNK, MIN_SEGMENT_BYTES), MAX_SEGMENT_BYTES)
+    seg = max(1, target // element_size)
     max_segments = max(1, TAGS_PER_BLOCK // max(steps, 1))
     return max(seg, math.ceil(longest / max_segments), 1)
 
@@ -118,13 +126,19 @@ def _segment_elems(bounds: Sequence[tuple[int, int]], element_size: int, steps: 
 def run_ring(
     comm: Transport,
     ranks: Sequence[int],
-    buf: torch.Tensor,
+    src: torch.Tensor,
+    out: torch.Tensor,
     bounds: Sequence[tuple[int, int]],
     plan: Sequence[RingStep],
     op: ReduceOp = ReduceOp.SUM,
     tag: int | None = None,
 ) -> torch.Tensor:
-    """Execute ``plan`` on the flat buffer ``buf`` (modified in place) and return it.
+    """Execute ``plan``, reading this rank's contribution from ``src`` and writing ``out``.
+
+    ``src`` and ``out`` are flat tensors of the same length (they may be the same
+    tensor). ``src`` is never written. A chunk is sent from ``src`` until this rank
+    has written it in ``out`` (by reducing into it or receiving it), and from
+    ``out`` afterwards, so the input never needs a separate copy pass.
 
     ``ranks`` lists the global ranks of the ring in ring order; ``bounds[c]`` is the
     element range of chunk ``c``. Consecutive steps must chain: the chunk received
@@ -133,39 +147,40 @@ def run_ring(
     :meth:`Transport.tag_block`; by default a fresh block is taken.
     """
     if not plan:
-        return buf
+        return out
     me = ranks.index(comm.rank)
     right, left = ranks[(me + 1) % len(ranks)], ranks[(me - 1) % len(ranks)]
     for a, b in zip(plan, plan[1:]):
         assert b.send_chunk == a.recv_chunk, "ring plan steps do not chain"
-    seg = _segment_elems(bounds, buf.element_size(), len(plan))
+    seg = _segment_elems(bounds, out.element_size(), len(plan))
     segs = {c: _segments(bounds[c], seg) for c in {s.recv_chunk for s in plan} | {plan[0].send_chunk}}
     base = comm.tag_block() if tag is None else tag
     per_step = TAGS_PER_BLOCK // len(plan)
 
-    scratch = torch.empty_like(buf) if any(s.reduces for s in plan) else buf
+    # Receives land in a reused workspace when they must be reduced, else straight in ``out``.
+    scratch = comm.workspace(out.numel(), out.dtype) if any(s.reduces for s in plan) else out
     recvs: list[list[Work]] = []
     for i, step in enumerate(plan):
-        target = scratch if step.reduces else buf
+        target = scratch if step.reduces else out
         recvs.append([comm.irecv(target[a:b], left, base + i * per_step + j) for j, (a, b) in enumerate(segs[step.recv_chunk])])
-    sends = [comm.isend(buf[a:b], right, base + j) for j, (a, b) in enumerate(segs[plan[0].send_chunk])]
+    sends = [comm.isend(src[a:b], right, base + j) for j, (a, b) in enumerate(segs[plan[0].send_chunk])]
 
     for i, step in enumerate(plan):
         forward = i + 1 < len(plan)
         for j, (a, b) in enumerate(segs[step.recv_chunk]):
             recvs[i][j].wait()
-            if step.reduces:
-                combine_(buf[a:b], scratch[a:b], op)
+            if step.reduces:  # each chunk is reduced at most once: own contribution (src) + incoming
+                combine_into(out[a:b], src[a:b], scratch[a:b], op)
             if forward:
-                sends.append(comm.isend(buf[a:b], right, base + (i + 1) * per_step + j))
+                sends.append(comm.isend(out[a:b], right, base + (i + 1) * per_step + j))
     for w in sends:
         w.wait()
-    return buf
+    return out
 
 
-def _flat_copy(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """One contiguous 1-D copy of ``tensor`` on ``device``: the only copy the ring makes."""
-    return tensor.detach().to(device=device, copy=True).contiguous().view(-1)
+def _flat(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A contiguous 1-D view of ``tensor`` on ``device``; copies only if it must (never writes it)."""
+    return tensor.detach().to(device=device).contiguous().view(-1)
 
 
 def all_reduce(
@@ -173,11 +188,13 @@ def all_reduce(
 ) -> torch.Tensor:
     """Ring all-reduce of ``tensor`` over ``ranks``; returns a new tensor of the same shape."""
     n = len(ranks)
-    buf = _flat_copy(tensor, comm.device)
-    if n > 1 and buf.numel() > 0:
-        plan = rank_plan(n, ranks.index(comm.rank))
-        run_ring(comm, ranks, buf, chunk_bounds(buf.numel(), n), plan, op, tag)
-    return finish_(buf, op, n).view(tensor.shape)
+    src = _flat(tensor, comm.device)
+    if n == 1 or src.numel() == 0:
+        return src.clone().view(tensor.shape)
+    out = torch.empty_like(src)
+    plan = rank_plan(n, ranks.index(comm.rank))
+    run_ring(comm, ranks, src, out, chunk_bounds(src.numel(), n), plan, op, tag)
+    return finish_(out, op, n).view(tensor.shape)
 
 
 def reduce_scatter(comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
@@ -188,10 +205,12 @@ def reduce_scatter(comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, 
     rows = chunk_bounds(tensor.shape[0], n)
     row_elems = math.prod(tensor.shape[1:])
     bounds = [(a * row_elems, b * row_elems) for a, b in rows]
-    buf = _flat_copy(tensor, comm.device)
-    if n > 1 and buf.numel() > 0:
-        run_ring(comm, ranks, buf, bounds, _reduce_scatter_steps(n, me, shift=-1), op)
+    src = _flat(tensor, comm.device)
     a, b = bounds[me]
+    if n == 1 or src.numel() == 0:
+        return src[a:b].clone().view(rows[me][1] - rows[me][0], *tensor.shape[1:])
+    buf = torch.empty_like(src)
+    run_ring(comm, ranks, src, buf, bounds, _reduce_scatter_steps(n, me, shift=-1), op)
     part = buf[a:b].view(rows[me][1] - rows[me][0], *tensor.shape[1:])
     return finish_(part.clone(), op, n)
 
@@ -204,5 +223,5 @@ def all_gather(comm: Transport, ranks: Sequence[int], tensor: torch.Tensor) -> l
     bounds = [(i * size, (i + 1) * size) for i in range(n)]
     buf[bounds[me][0] : bounds[me][1]] = tensor.detach().reshape(-1)
     if n > 1 and size > 0:
-        run_ring(comm, ranks, buf, bounds, _all_gather_steps(n, me, own=me))
+        run_ring(comm, ranks, buf, buf, bounds, _all_gather_steps(n, me, own=me))
     return [buf[a:b].view(tensor.shape) for a, b in bounds]

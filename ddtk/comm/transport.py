@@ -35,24 +35,24 @@ TAGS_PER_BLOCK = 1 << _BLOCK_BITS
 _HEADER_LEN = 32
 _MAX_DIMS = _HEADER_LEN - 3
 _KIND_TENSOR, _KIND_PICKLE = 1, 2
-_DTYPES: tuple[torch.dtype, ...] = (
+DTYPES: tuple[torch.dtype, ...] = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16,
     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
     torch.complex64, torch.complex128,
 )  # fmt: skip
-_DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
+DTYPE_CODE = {dt: i for i, dt in enumerate(DTYPES)}
 
 
 class Work(Protocol):
     """What an asynchronous send or receive returns."""
 
-    def wait(self) -> Any: ...
+    def wait(self, timeout: Any = ...) -> Any: ...
 
 
 class _Done:
     """A completed no-op, used for zero-byte messages that are never sent."""
 
-    def wait(self) -> bool:
+    def wait(self, timeout: Any = None) -> bool:
         return True
 
 
@@ -74,6 +74,7 @@ class Transport:
         self.device = device
         self.stats = stats
         self._block = 0
+        self._workspace: dict[torch.dtype, torch.Tensor] = {}
 
     # -- raw tensors -----------------------------------------------------------------
     def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
@@ -102,31 +103,48 @@ class Transport:
         self._block = (self._block + 1) % _BLOCKS
         return base
 
-    # -- self-describing tensors and objects -------------------------------------------
-    def send_tensor(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
-        """Send a tensor of any shape and dtype; the receiver needs to know nothing."""
-        tensor = tensor.detach()
-        if tensor.dtype not in _DTYPE_CODE or tensor.dim() > _MAX_DIMS:
-            self.send_object(tensor.cpu(), dst, tag)
-            return
-        header = self._header(_KIND_TENSOR, _DTYPE_CODE[tensor.dtype], tensor.dim(), tensor.shape)
-        self.isend(header, dst, tag).wait()
-        self.isend(tensor.to(self.device).contiguous(), dst, tag).wait()
+    def workspace(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A flat scratch tensor of at least ``numel`` elements, reused across calls.
 
-    def send_object(self, obj: Any, dst: int, tag: int) -> None:
-        """Send any picklable object as a header plus a byte payload."""
+        Fresh large allocations page-fault on first touch, which on a virtual
+        machine can cost as much as the transfer itself; a collective's receive
+        buffer is only needed during the call, so it is kept and reused.
+        """
+        buf = self._workspace.get(dtype)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=dtype, device=self.device)
+            self._workspace[dtype] = buf
+        return buf[:numel]
+
+    def release_workspace(self) -> None:
+        """Free the cached scratch buffers."""
+        self._workspace.clear()
+
+    # -- self-describing tensors and objects -------------------------------------------
+    def send_tensor(self, tensor: torch.Tensor, dst: int, tag: int) -> list[Work]:
+        """Start sending a tensor of any shape and dtype; the receiver needs to know nothing.
+
+        The tensor is copied first, so the caller may change it right away.
+        """
+        tensor = tensor.detach()
+        if tensor.dtype not in DTYPE_CODE or tensor.dim() > _MAX_DIMS:
+            return self.send_object(tensor.cpu(), dst, tag)
+        header = self._header(_KIND_TENSOR, DTYPE_CODE[tensor.dtype], tensor.dim(), tensor.shape)
+        payload = tensor.to(self.device, copy=True).contiguous()
+        return [self.isend(header, dst, tag), self.isend(payload, dst, tag)]
+
+    def send_object(self, obj: Any, dst: int, tag: int) -> list[Work]:
+        """Start sending any picklable object as a header plus a byte payload."""
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
         header = self._header(_KIND_PICKLE, 0, len(data), ())
-        self.isend(header, dst, tag).wait()
-        self.isend(payload, dst, tag).wait()
+        return [self.isend(header, dst, tag), self.isend(payload, dst, tag)]
 
-    def send_any(self, obj: Any, dst: int, tag: int) -> None:
-        """Send a tensor natively and anything else pickled."""
+    def send_any(self, obj: Any, dst: int, tag: int) -> list[Work]:
+        """Start sending a tensor natively and anything else pickled; wait on the returned works."""
         if isinstance(obj, torch.Tensor):
-            self.send_tensor(obj, dst, tag)
-        else:
-            self.send_object(obj, dst, tag)
+            return self.send_tensor(obj, dst, tag)
+        return self.send_object(obj, dst, tag)
 
     def recv_any(self, src: int | None, tag: int) -> Message:
         """Receive what :meth:`send_any` sent; ``src=None`` takes the first sender."""
@@ -135,7 +153,7 @@ class Transport:
         kind, code, n = (int(v) for v in header[:3].tolist())
         if kind == _KIND_TENSOR:
             shape = [int(d) for d in header[3 : 3 + n].tolist()]
-            out = torch.empty(shape, dtype=_DTYPES[code], device=self.device)
+            out = torch.empty(shape, dtype=DTYPES[code], device=self.device)
             self.irecv(out, src, tag).wait()
             return Message(src, tag, out)
         if kind == _KIND_PICKLE:

@@ -1,0 +1,146 @@
+"""``ddtk bench collectives``: all-reduce bandwidth in the style of nccl-tests.
+
+For every message size (powers of two) and algorithm it reports the time
+(median, p10, p90 of the slowest rank), the algorithm bandwidth (bytes / time)
+and the bus bandwidth (algbw x 2(n-1)/n, comparable across world sizes). The
+peer, ``torch.distributed.all_reduce`` on the same process group (gloo on CPU,
+NCCL on GPU), runs interleaved with the ddtk algorithms in the same processes,
+so both see the same machine load; each row shows ddtk busbw / peer busbw.
+Results are checked against the peer outside the timed region.
+
+Run it::
+
+    ddtk bench collectives                                  # 2 and 4 ranks, 1 KiB .. 64 MiB
+    ddtk bench collectives -n 2 --max-bytes 4M --algorithms ring,tree --json out.json --plot out.png
+
+Each rank runs one thread (``torch.set_num_threads(1)``); world size, core
+count and backend are recorded with every result.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ddtk.bench.timing import summarize, timed_across_ranks
+from ddtk.comm.costmodel import bus_factor
+
+PEER = "torch"
+VALIDATED = "ring+validate"
+
+
+def _iters_for(nbytes: int, iters: int) -> int:
+    """More repetitions for small, noisy messages; fewer for big ones."""
+    return iters * 5 if nbytes <= (64 << 10) else iters
+
+
+def _rank_sweep(ctx, sizes: Sequence[int], algorithms: Sequence[str], iters: int, warmup: int, peer: bool, memcpy: bool, validated: bool) -> list[dict]:
+    """Body run on every rank: correctness check, then interleaved timing, per size."""
+    import torch.distributed as dist
+
+    rows: list[dict] = []
+    for nbytes in sizes:
+        numel = max(1, nbytes // 4)
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(ctx.rank))
+        want = x.clone()
+        dist.all_reduce(want)
+        errors = {a: float((ctx.all_reduce(x, algorithm=a) - want).abs().max()) for a in algorithms}
+
+        peer_buf = x.clone()
+        contenders: dict[str, Any] = {a: (lambda a=a: ctx.all_reduce(x, algorithm=a)) for a in algorithms}
+        if peer:
+            contenders[PEER] = lambda: dist.all_reduce(peer_buf)
+        if validated:
+            contenders[VALIDATED] = lambda: _validated(ctx, x)
+        if memcpy:
+            dst = torch.empty_like(x)
+            contenders["memcpy"] = lambda: dst.copy_(x)
+        samples: dict[str, list[float]] = {name: [] for name in contenders}
+        for i in range(warmup + _iters_for(nbytes, iters)):
+            for name, fn in contenders.items():  # interleaved: every contender sees the same conditions
+                t = timed_across_ranks(fn)
+                if i >= warmup:
+                    samples[name].append(t)
+        for name, ts in samples.items():
+            rows.append(_row(name, ctx.world_size, numel * 4, ts, errors.get(name)))
+    return rows
+
+
+def _validated(ctx, x: torch.Tensor) -> torch.Tensor:
+    ctx.validate = True
+    try:
+        return ctx.all_reduce(x, algorithm="ring")
+    finally:
+        ctx.validate = False
+
+
+def _row(name: str, n: int, nbytes: int, samples: list[float], max_error: float | None) -> dict:
+    stats = summarize(samples)
+    algbw = nbytes / stats["time_median_s"] / 1e9
+    factor = 1.0 if name == "memcpy" else bus_factor("all_reduce", n)
+    return {
+        "algorithm": name, "world_size": n, "nbytes": nbytes, **stats,
+        "algbw_gbps": algbw, "busbw_gbps": algbw * factor, "samples": len(samples), "max_abs_error": max_error,
+    }  # fmt: skip
+
+
+def sweep(
+    world_size: int,
+    sizes: Sequence[int],
+    algorithms: Sequence[str] = ("ring",),
+    iters: int = 10,
+    warmup: int = 2,
+    peer: bool = True,
+    memcpy: bool = False,
+    validate: bool = False,
+    validated_row: bool = False,
+    backend: str = "auto",
+    timeout: float = 1800.0,
+) -> list[dict]:
+    """Measure all-reduce on ``world_size`` fresh local ranks; one dict per (algorithm, size).
+
+    ``validate`` turns argument validation on for the ddtk rows (off by default,
+    as in a benchmark); ``validated_row`` adds a ``"ring+validate"`` row that
+    shows what validation costs.
+    """
+    import ddtk
+
+    results = ddtk.launch(
+        _rank_sweep, world_size, args=(list(sizes), list(algorithms), iters, warmup, peer, memcpy, validated_row),
+        backend=backend, timeout=timeout, validate=validate,
+    )  # fmt: skip
+    return results[0]
+
+
+def launch_overhead(world_size: int = 4, repeats: int = 3) -> dict[str, float]:
+    """Seconds for ``ddtk.launch`` to start ``world_size`` ranks, rendezvous and return (median of repeats)."""
+    import ddtk
+
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        ddtk.launch(_noop, world_size, validate=False)
+        samples.append(time.perf_counter() - start)
+    return {"world_size": world_size, **summarize(samples)}
+
+
+def _noop(ctx) -> int:
+    return ctx.rank
+
+
+def environment() -> dict[str, Any]:
+    """What every result is recorded with."""
+    import torch.distributed as dist
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {
+        "cores": os.cpu_count(), "affinity_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "backend": "nccl" if gpus and dist.is_nccl_available() else "gloo", "gpus": gpus,
+        "torch": torch.__version__, "python": platform.python_version(), "host": platform.node(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "threads_per_rank": 1,
+    }  # fmt: skip
