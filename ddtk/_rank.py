@@ -52,6 +52,7 @@ def _run(job: dict) -> Any:
     try:
         ctx = DistributedContext.from_env(job["backend"], validate=job["validate"], timeout=job["timeout"])
         result = job["fn"](ctx, *job["args"], **job["kwargs"])
+        store.set(f"ddtk/returned/{rank}", "1")  # lets the launcher tell the finished from the stuck
         # A clean exit: wait until every rank is done, deliver messages still in flight,
         # and only then let the group go, so no peer sees its connection close early.
         # The barriers go through the launcher's store, not through gloo connections.

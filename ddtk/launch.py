@@ -24,6 +24,7 @@ How it works, and why:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -160,20 +161,16 @@ def _stop(ranks: Sequence[_Rank]) -> None:
         _signal_group(r.proc, signal.SIGTERM)
     deadline = time.monotonic() + _GRACE_SECONDS
     for r in alive:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
     for r in ranks:
         _signal_group(r.proc, signal.SIGKILL)  # also reaps anything a rank started
         r.proc.wait()
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _read_ready(sel: selectors.BaseSelector, wait: float) -> list[_Rank]:
@@ -250,7 +247,7 @@ def launch(
             r = _spawn(rank, job, _child_env(rank, world_size, store.port, threads), echo)
             ranks.append(r)
             sel.register(r.result_fd, selectors.EVENT_READ, r)
-        return _collect(ranks, sel, time.monotonic() + limit, timeout)
+        return _collect(ranks, sel, time.monotonic() + limit, timeout, store)
     finally:
         _stop(ranks)
         sel.close()
@@ -261,20 +258,25 @@ def launch(
         del store
 
 
-def _collect(ranks: list[_Rank], sel: selectors.BaseSelector, deadline: float, timeout: float | None) -> list[Any]:
+def _collect(ranks: list[_Rank], sel: selectors.BaseSelector, deadline: float, timeout: float | None, store: Any) -> list[Any]:
     """Wait for every rank's record; raise on the first failure or at the deadline."""
     while not all(r.done for r in ranks):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            running = [r.rank for r in ranks if not r.done]
-            raise TimeoutError(
-                f"ddtk.launch timed out after {timeout} s; rank(s) {', '.join(map(str, running))} "
-                "were still running (stopped). A rank blocked in a collective usually means another "
-                "rank skipped or reordered that collective."
-            )
+            raise TimeoutError(_timeout_message(ranks, timeout, store))
         for r in _read_ready(sel, min(0.1, remaining)):
             _finish(r)
             kind, value = r.record  # type: ignore[misc]
             if kind != "ok":
                 raise RankError(r.rank, value, r.proc.poll())
     return [r.record[1] for r in ranks]  # type: ignore[index]
+
+
+def _timeout_message(ranks: list[_Rank], timeout: float | None, store: Any) -> str:
+    """Name the ranks still inside ``fn`` and those that had returned and were waiting for them."""
+    waiting = [r.rank for r in ranks if not r.done and store.check([f"ddtk/returned/{r.rank}"])]
+    running = [r.rank for r in ranks if not r.done and r.rank not in waiting]
+    text = f"ddtk.launch timed out after {timeout} s; rank(s) {', '.join(map(str, running))} were still running (stopped)."
+    if waiting:
+        text += f" Rank(s) {', '.join(map(str, waiting))} had returned and were waiting for them."
+    return text + " A rank blocked in a collective usually means another rank skipped or reordered that collective."

@@ -51,15 +51,7 @@ def _rank_sweep(ctx, sizes: Sequence[int], algorithms: Sequence[str], iters: int
         dist.all_reduce(want)
         errors = {a: float((ctx.all_reduce(x, algorithm=a) - want).abs().max()) for a in algorithms}
 
-        peer_buf = x.clone()
-        contenders: dict[str, Any] = {a: (lambda a=a: ctx.all_reduce(x, algorithm=a)) for a in algorithms}
-        if peer:
-            contenders[PEER] = lambda: dist.all_reduce(peer_buf)
-        if validated:
-            contenders[VALIDATED] = lambda: _validated(ctx, x)
-        if memcpy:
-            dst = torch.empty_like(x)
-            contenders["memcpy"] = lambda: dst.copy_(x)
+        contenders = _contenders(ctx, x, algorithms, peer, memcpy, validated)
         samples: dict[str, list[float]] = {name: [] for name in contenders}
         for i in range(warmup + _iters_for(nbytes, iters)):
             for name, fn in contenders.items():  # interleaved: every contender sees the same conditions
@@ -69,6 +61,22 @@ def _rank_sweep(ctx, sizes: Sequence[int], algorithms: Sequence[str], iters: int
         for name, ts in samples.items():
             rows.append(_row(name, ctx.world_size, numel * 4, ts, errors.get(name)))
     return rows
+
+
+def _contenders(ctx, x: torch.Tensor, algorithms: Sequence[str], peer: bool, memcpy: bool, validated: bool) -> dict[str, Any]:
+    """The operations timed for one message, by row name."""
+    import torch.distributed as dist
+
+    contenders: dict[str, Any] = {a: (lambda a=a: ctx.all_reduce(x, algorithm=a)) for a in algorithms}
+    if peer:
+        peer_buf = x.clone()
+        contenders[PEER] = lambda: dist.all_reduce(peer_buf)
+    if validated:
+        contenders[VALIDATED] = lambda: _validated(ctx, x)
+    if memcpy:
+        dst = torch.empty_like(x)
+        contenders["memcpy"] = lambda: dst.copy_(x)
+    return contenders
 
 
 def _validated(ctx, x: torch.Tensor) -> torch.Tensor:

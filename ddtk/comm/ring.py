@@ -23,6 +23,7 @@ Three things make this a real ring rather than a toy:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -150,7 +151,7 @@ def run_ring(
         return out
     me = ranks.index(comm.rank)
     right, left = ranks[(me + 1) % len(ranks)], ranks[(me - 1) % len(ranks)]
-    for a, b in zip(plan, plan[1:]):
+    for a, b in itertools.pairwise(plan):
         assert b.send_chunk == a.recv_chunk, "ring plan steps do not chain"
     seg = _segment_elems(bounds, out.element_size(), len(plan))
     segs = {c: _segments(bounds[c], seg) for c in {s.recv_chunk for s in plan} | {plan[0].send_chunk}}

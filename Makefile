@@ -1,0 +1,46 @@
+# ddtk course kit. `make help` lists the targets.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.ddtk-installed
+EXTRAS ?= ray,course,dev,horovod
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help lab test course horovod venv lint bench lock clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[$(EXTRAS)]"
+	@touch $@
+
+venv: $(STAMP) ## create .venv and install ddtk with every extra, at the locked versions
+
+horovod: venv ## build Horovod 0.28.1 for this torch (cached wheel: seconds after the first time)
+	bash scripts/build_horovod.sh $(BIN)/python
+
+lab: venv ## install everything and open JupyterLab on the course
+	$(BIN)/jupyter lab --notebook-dir=. course/01-distributed-fundamentals.ipynb
+
+test: venv horovod ## run the whole test suite, notebooks included
+	DDTK_REQUIRE=horovod $(BIN)/python -m pytest tests course --nbval-lax $(PYTEST_ARGS)
+
+course: venv ## execute every notebook headless into build/executed/
+	$(BIN)/ddtk course run
+
+lint: venv ## ruff, and notebook hygiene (no outputs, labs up to date, parameters cells)
+	$(BIN)/ruff check .
+	$(BIN)/ddtk course check
+
+bench: venv ## all-reduce benchmark against torch.distributed (JSON + PNG in build/bench/)
+	$(BIN)/ddtk bench collectives --json build/bench/collectives.json --plot build/bench/collectives.png
+
+lock: venv ## rewrite requirements.lock and environment.yml from .venv
+	$(BIN)/python scripts/lock.py
+
+clean: ## remove build outputs (keeps .venv and the Horovod wheel cache)
+	rm -rf build .pytest_cache .ruff_cache

@@ -1,0 +1,361 @@
+"""``ddtk course run|build|check|strip``: the notebook tools from the command line.
+
+Each handler takes the parsed Namespace and returns the exit code: 0 when all is
+well, 1 when a notebook failed or a check found a problem, 2 for bad input. The
+work itself is done by the library functions in :mod:`ddtk.course.run`,
+:mod:`ddtk.course.build` and :mod:`ddtk.course.check`, imported inside the handlers
+so that ``ddtk --help`` does not load papermill or nbformat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ddtk.course.build import LabDifference
+    from ddtk.course.check import Finding
+    from ddtk.course.run import RunResult
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _console(stderr: bool = False) -> Console:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def _error(message: str) -> int:
+    _console(stderr=True).print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    return EXIT_USAGE
+
+
+def _root(args: argparse.Namespace) -> Path:
+    from ddtk.course.notebooks import find_root
+
+    return Path(args.root) if args.root else find_root()
+
+
+# ---------------------------------------------------------------- run
+
+
+def _run_table(results: list[RunResult]) -> Any:
+    from rich.table import Table
+
+    from ddtk.course.notebooks import display_path
+
+    table = Table(title="ddtk course run")
+    table.add_column("notebook")
+    table.add_column("status")
+    table.add_column("seconds", justify="right")
+    styles = {"passed": "green", "failed": "bold red", "timeout": "bold red"}
+    for r in results:
+        table.add_row(
+            display_path(r.notebook), f"[{styles[r.status]}]{r.status}[/]", f"{r.seconds:.1f}"
+        )
+    return table
+
+
+def _report_failure(console: Console, result: RunResult) -> None:
+    from ddtk.course.notebooks import display_path
+
+    console.print(
+        f"[bold red]{result.status.upper()}[/] {display_path(result.notebook)}", soft_wrap=True
+    )
+    if result.failure is not None:
+        console.print(f"  at {result.failure.describe()}", soft_wrap=True, markup=False)
+        lines = [line for line in result.failure.source.splitlines() if line.strip()]
+        if lines:
+            console.print(f"  cell begins: {lines[0].strip()}", soft_wrap=True, markup=False)
+    console.print(
+        f"  executed notebook: {display_path(result.output)}", soft_wrap=True, markup=False
+    )
+    if result.kernel_log is not None:
+        console.print(
+            f"  kernel process output: {display_path(result.kernel_log)}",
+            soft_wrap=True,
+            markup=False,
+        )
+
+
+def _progress() -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_console(stderr=True),
+        transient=True,
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Execute notebooks with papermill, show progress and a summary, exit 1 if any failed."""
+    from ddtk.course import run
+    from ddtk.course.notebooks import NotebookError, display_path
+
+    try:
+        paths = run.resolve_notebooks(args.names)
+        parameters = run.parse_parameters(args.param or [])
+        unknown = run.unknown_parameters(paths, parameters)
+        run.check_kernel(args.kernel)
+    except NotebookError as exc:
+        return _error(str(exc))
+    console = _console()
+    for path, names in unknown.items():
+        console.print(
+            f"[yellow]warning:[/] {display_path(path)} does not assign {', '.join(names)} in its "
+            "parameters cell; the value is injected anyway",
+            soft_wrap=True,
+        )
+    with _progress() as progress:
+        overall = progress.add_task("notebooks", total=len(paths))
+        cells = progress.add_task("", total=None, visible=False)
+
+        def on_start(path: Path) -> None:
+            progress.reset(cells, total=None, description=f"  {path.name}", visible=True)
+
+        def on_cell(done: int, total: int) -> None:
+            progress.update(cells, completed=done, total=total)
+
+        def on_done(result: RunResult) -> None:
+            progress.advance(overall)
+            if progress.console.is_terminal:  # a running log above the live bars
+                progress.console.print(
+                    f"{result.status:>7} {display_path(result.notebook)} ({result.seconds:.1f} s)"
+                )
+
+        results = run.run_notebooks(
+            paths,
+            parameters,
+            Path(args.out),
+            args.timeout,
+            kernel_name=args.kernel,
+            on_start=on_start,
+            on_cell=on_cell,
+            on_done=on_done,
+        )
+    console.print(_run_table(results))
+    failed = [r for r in results if not r.ok]
+    for result in failed:
+        _report_failure(console, result)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+# ---------------------------------------------------------------- build
+
+
+def _differences_table(differences: list[LabDifference], dst: Path) -> Any:
+    from rich.table import Table
+
+    from ddtk.course.notebooks import display_path
+
+    table = Table(title=f"{display_path(dst)} is out of date")
+    table.add_column("lab")
+    table.add_column("problem")
+    table.add_column("detail")
+    for d in differences:
+        table.add_row(display_path(dst / d.name), d.kind, d.detail)
+    return table
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Generate labs/ from solutions/, or with --check only report whether labs/ is up to date."""
+    from ddtk.course.build import build_labs, diff_labs, render_labs
+    from ddtk.course.notebooks import NotebookError, display_path
+
+    root = _root(args)
+    src = Path(args.src) if args.src else root / "solutions"
+    dst = Path(args.dst) if args.dst else root / "labs"
+    console = _console()
+    try:
+        differences = diff_labs(src, dst)
+        if args.check:
+            if differences:
+                console.print(_differences_table(differences, dst))
+                console.print("run `ddtk course build` to regenerate the labs")
+                return EXIT_FAILED
+            console.print(f"{display_path(dst)} is up to date with {display_path(src)}")
+            return EXIT_OK
+        labs = render_labs(src)
+        build_labs(src, dst)
+    except NotebookError as exc:
+        return _error(str(exc))
+    changed = {d.name: d.kind for d in differences}
+    for lab in labs:
+        state = "written" if lab.name in changed else "unchanged"
+        console.print(
+            f"{state:>9} {display_path(dst / lab.name)} ({len(lab.exercises)} exercises)",
+            soft_wrap=True,
+        )
+    for name, kind in changed.items():
+        if kind == "orphan":
+            console.print(
+                f"{'removed':>9} {display_path(dst / name)} (no solution notebook)", soft_wrap=True
+            )
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- check / strip
+
+
+def _findings_table(findings: list[Finding], root: Path) -> Any:
+    from rich.table import Table
+
+    from ddtk.course.notebooks import display_path
+
+    table = Table(title="ddtk course check")
+    table.add_column("check")
+    table.add_column("notebook")
+    table.add_column("cell", justify="right")
+    table.add_column("problem")
+    for f in findings:
+        cell = "" if f.cell is None else str(f.cell)
+        table.add_row(f.check, display_path(f.path, root), cell, f.message)
+    return table
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Check stored outputs, labs/ freshness and parameters cells; exit 1 on any finding."""
+    from ddtk.course.check import check_repo
+    from ddtk.course.notebooks import NotebookError, repo_notebooks
+
+    root = _root(args)
+    try:
+        findings = check_repo(root)
+    except NotebookError as exc:
+        return _error(str(exc))
+    console = _console()
+    if findings:
+        console.print(_findings_table(findings, root))
+        console.print(f"{len(findings)} problem(s) found")
+        return EXIT_FAILED
+    console.print(f"all {len(repo_notebooks(root))} notebooks under {root} pass the checks")
+    return EXIT_OK
+
+
+def cmd_strip(args: argparse.Namespace) -> int:
+    """Strip outputs and execution counts in place from the given notebooks (default: all)."""
+    from ddtk.course.check import strip_paths
+    from ddtk.course.notebooks import NOTEBOOK_DIRS, NotebookError, display_path
+
+    if args.paths:
+        paths = [Path(p) for p in args.paths]
+        missing = [str(p) for p in paths if not p.exists()]
+        if missing:
+            return _error(f"no such file or directory: {', '.join(missing)}")
+    else:
+        root = _root(args)
+        paths = [root / d for d in NOTEBOOK_DIRS]
+    try:
+        changed = strip_paths(paths)
+    except NotebookError as exc:
+        return _error(str(exc))
+    console = _console()
+    for path in changed:
+        console.print(f"stripped {display_path(path)}", soft_wrap=True)
+    console.print(f"{len(changed)} notebook(s) changed")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- parser
+
+
+def _add_root(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--root",
+        help="course repository (default: the nearest directory at or above the working "
+        "directory that has course/ or solutions/)",
+    )
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("the timeout must be positive")
+    return value
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``course`` and its sub-commands on the top-level ``ddtk`` sub-parsers."""
+    course = subparsers.add_parser("course", help="run, build and check the course notebooks")
+
+    def cmd_help(_args: argparse.Namespace) -> int:
+        course.print_help()
+        return EXIT_USAGE
+
+    course.set_defaults(func=cmd_help)
+    sub = course.add_subparsers(dest="course_command", metavar="COMMAND")
+
+    p = sub.add_parser("run", help="execute notebooks headless with papermill")
+    p.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help="catalog short name (01, lab02) or notebook path; default: every notebook of course/ and solutions/",
+    )
+    p.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a parameter; VALUE is YAML (world_size=3, backend=gloo, use_gpu=false)",
+    )
+    p.add_argument(
+        "--out", default="build/executed", help="where executed notebooks go (default: %(default)s)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=600.0,
+        help="seconds allowed per cell (default: %(default)s)",
+    )
+    p.add_argument(
+        "--kernel",
+        default="python3",
+        help="Jupyter kernel (default: %(default)s, this interpreter)",
+    )
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("build", help="generate labs/ from solutions/")
+    _add_root(p)
+    p.add_argument("--src", help="solution notebooks (default: ROOT/solutions)")
+    p.add_argument("--dst", help="generated labs (default: ROOT/labs)")
+    p.add_argument(
+        "--check", action="store_true", help="only report whether the labs are up to date"
+    )
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("check", help="check outputs, labs/ freshness and parameters cells")
+    _add_root(p)
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("strip", help="remove outputs and execution counts from notebooks in place")
+    p.add_argument(
+        "paths", nargs="*", metavar="PATH", help="notebooks or directories (default: all of ROOT)"
+    )
+    _add_root(p)
+    p.set_defaults(func=cmd_strip)
+    return course
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``ddtk course`` on its own (``python -m ddtk.course.cli``), for tests and scripts."""
+    parser = argparse.ArgumentParser(prog="ddtk")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["course", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
