@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import require_or_skip
+from support import require_or_skip
 
 pytestmark = pytest.mark.horovod
 

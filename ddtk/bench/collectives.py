@@ -46,7 +46,7 @@ def _rank_sweep(ctx, sizes: Sequence[int], algorithms: Sequence[str], iters: int
     rows: list[dict] = []
     for nbytes in sizes:
         numel = max(1, nbytes // 4)
-        x = torch.randn(numel, generator=torch.Generator().manual_seed(ctx.rank))
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(ctx.rank)).to(ctx.device)
         want = x.clone()
         dist.all_reduce(want)
         errors = {a: float((ctx.all_reduce(x, algorithm=a) - want).abs().max()) for a in algorithms}
