@@ -3,7 +3,8 @@
 The parent writes a cloudpickled job to this process's stdin, keeps the other
 end of a result pipe, and owns the rendezvous store. This process joins the
 process group, runs the user's function with a :class:`DistributedContext`,
-and writes back one framed record: ``("ok", result)`` or ``("error", text)``.
+and writes back framed records: any number of ``("report", value)`` while it
+runs (``ctx.report``), then ``("ok", result)`` or ``("error", text)``.
 """
 
 from __future__ import annotations
@@ -27,17 +28,36 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def write_record(fd: int, record: Any) -> None:
-    """Frame and write one cloudpickled record (8-byte length prefix)."""
-    import cloudpickle
+class RecordWriter:
+    """Writes framed, cloudpickled records (8-byte length prefix) to the launcher's result pipe.
 
-    data = cloudpickle.dumps(record)
-    with os.fdopen(fd, "wb", closefd=True) as f:
-        f.write(struct.pack("<Q", len(data)))
-        f.write(data)
+    Reports (``("report", value)``) may come from any thread while the rank runs;
+    the last record is the result, ``("ok", value)`` or ``("error", text)``.
+    """
+
+    def __init__(self, fd: int):
+        import threading
+
+        self._file = os.fdopen(fd, "wb", closefd=True)
+        self._lock = threading.Lock()
+
+    def write(self, record: Any) -> None:
+        import cloudpickle
+
+        data = cloudpickle.dumps(record)
+        with self._lock:
+            self._file.write(struct.pack("<Q", len(data)) + data)
+            self._file.flush()
+
+    def report(self, value: Any) -> None:
+        """Send ``value`` to the launcher's ``on_report`` callback now."""
+        self.write(("report", value))
+
+    def close(self) -> None:
+        self._file.close()
 
 
-def _run(job: dict) -> Any:
+def _run(job: dict, writer: RecordWriter) -> Any:
     import torch
     import torch.distributed as dist
 
@@ -47,12 +67,19 @@ def _run(job: dict) -> Any:
     rank, world = job["rank"], job["world_size"]
     if job["backend"] == "nccl":
         torch.cuda.set_device(rank)
-    store = dist.TCPStore(job["host"], job["port"], world + 1, is_master=False, timeout=_td(job["timeout"]))
+    store = dist.TCPStore(
+        job["host"], job["port"], world + 1, is_master=False, timeout=_td(job["timeout"])
+    )
     _init_group(job["backend"], rank, world, job["timeout"], store=store)
     try:
-        ctx = DistributedContext.from_env(job["backend"], validate=job["validate"], timeout=job["timeout"])
+        ctx = DistributedContext.from_env(
+            job["backend"], validate=job["validate"], timeout=job["timeout"]
+        )
+        ctx.reporter = writer.report
         result = job["fn"](ctx, *job["args"], **job["kwargs"])
-        store.set(f"ddtk/returned/{rank}", "1")  # lets the launcher tell the finished from the stuck
+        store.set(
+            f"ddtk/returned/{rank}", "1"
+        )  # lets the launcher tell the finished from the stuck
         # A clean exit: wait until every rank is done, deliver messages still in flight,
         # and only then let the group go, so no peer sees its connection close early.
         # The barriers go through the launcher's store, not through gloo connections.
@@ -89,15 +116,17 @@ def main() -> None:
     import cloudpickle
 
     job = cloudpickle.loads(sys.stdin.buffer.read())
+    writer = RecordWriter(result_fd)
     try:
-        record: tuple[str, Any] = ("ok", _run(job))
+        record: tuple[str, Any] = ("ok", _run(job, writer))
     except BaseException as exc:  # report everything, including KeyboardInterrupt
         record = ("error", "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     try:
-        write_record(result_fd, record)
+        writer.write(record)
     except Exception as exc:  # the result itself could not be pickled
         text = f"rank {job['rank']}: the return value could not be sent back: {exc!r}"
-        write_record(result_fd, ("error", text))
+        writer.write(("error", text))
+    writer.close()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

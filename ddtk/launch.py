@@ -24,8 +24,10 @@ How it works, and why:
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
+import re
 import selectors
 import signal
 import struct
@@ -109,14 +111,27 @@ def _child_env(rank: int, world_size: int, port: int, threads: int) -> dict[str,
 
 
 def _echo(stream: IO[bytes], sink: Any, prefix: str, tail: list[str] | None) -> None:
-    """Copy a child's output line by line to ``sink`` with a rank prefix."""
-    for raw in iter(stream.readline, b""):
-        line = raw.decode(errors="replace")
+    """Copy a child's output to ``sink`` as it comes, with a rank prefix at the start of each line.
+
+    Carriage returns count as line starts too, so a progress bar that redraws its
+    line with ``\\r`` (tqdm) stays live and prefixed here.
+    """
+    at_line_start = True
+    decoder = codecs.getincrementaldecoder("utf-8")(
+        errors="replace"
+    )  # a chunk may split a character
+    for raw in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
+        text = decoder.decode(raw)
         if tail is not None:
-            tail.append(line)
+            tail.append(text)
             del tail[:-20]
+        out = []
+        for piece in re.split(r"(?<=[\r\n])", text):
+            if piece:
+                out.append(prefix + piece if at_line_start and piece not in "\r\n" else piece)
+                at_line_start = piece[-1] in "\r\n"
         try:
-            sink.write(prefix + line)
+            sink.write("".join(out))
             sink.flush()
         except (ValueError, OSError):  # the sink was closed (interpreter shutting down)
             pass
@@ -137,8 +152,13 @@ def _spawn(rank: int, job: dict, env: dict[str, str], echo: bool) -> _Rank:
     os.close(write_fd)
     r = _Rank(rank, proc, read_fd)
     prefix = f"[rank {rank}] "
-    for stream, sink, tail in ((proc.stdout, sys.stdout, None), (proc.stderr, sys.stderr, r.stderr_tail)):
-        t = threading.Thread(target=_echo, args=(stream, sink if echo else _Null(), prefix, tail), daemon=True)
+    for stream, sink, tail in (
+        (proc.stdout, sys.stdout, None),
+        (proc.stderr, sys.stderr, r.stderr_tail),
+    ):
+        t = threading.Thread(
+            target=_echo, args=(stream, sink if echo else _Null(), prefix, tail), daemon=True
+        )
         t.start()
         r.threads.append(t)
     try:
@@ -173,28 +193,40 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _read_ready(sel: selectors.BaseSelector, wait: float) -> list[_Rank]:
-    """Read whatever result bytes are available; return the ranks whose result pipe closed."""
+def _read_ready(
+    sel: selectors.BaseSelector, wait: float, on_report: Callable[[int, Any], None] | None
+) -> list[_Rank]:
+    """Read whatever result bytes are available; return the ranks whose result pipe closed.
+
+    Complete ``("report", ...)`` frames are handed to ``on_report`` as they arrive;
+    the final ``("ok" | "error", ...)`` frame is kept as the rank's record.
+    """
     closed = []
     for key, _ in sel.select(timeout=wait):
         r: _Rank = key.data
         chunk = os.read(r.result_fd, 1 << 20)
-        if chunk:
-            r.data += chunk
-        else:
+        if not chunk:
             sel.unregister(r.result_fd)
             closed.append(r)
+            continue
+        r.data += chunk
+        while len(r.data) >= 8 and len(r.data) >= 8 + struct.unpack("<Q", r.data[:8])[0]:
+            (n,) = struct.unpack("<Q", r.data[:8])
+            kind, value = cloudpickle.loads(bytes(r.data[8 : 8 + n]))
+            del r.data[: 8 + n]
+            if kind == "report":
+                if on_report is not None:
+                    on_report(r.rank, value)
+            else:
+                r.record = (kind, value)
     return closed
 
 
 def _finish(r: _Rank) -> None:
-    """Decode the rank's record, or describe how it died without sending one."""
+    """Take the rank's final record, or describe how it died without sending one."""
     r.done = True
-    if len(r.data) >= 8:
-        (n,) = struct.unpack("<Q", r.data[:8])
-        if len(r.data) == 8 + n:
-            r.record = cloudpickle.loads(bytes(r.data[8:]))
-            return
+    if r.record is not None:
+        return
     code = r.proc.wait()
     how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
     tail = "".join(r.stderr_tail[-10:])
@@ -211,6 +243,7 @@ def launch(
     threads: int = 1,
     validate: bool = True,
     echo: bool = True,
+    on_report: Callable[[int, Any], None] | None = None,
 ) -> list[Any]:
     """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` local ranks; return the per-rank results.
 
@@ -224,6 +257,8 @@ def launch(
         threads: intra-op threads per rank.
         validate: check that ranks agree on every collective's arguments (off for benchmarks).
         echo: forward the ranks' stdout and stderr here, prefixed by ``[rank r]``.
+        on_report: called here as ``on_report(rank, value)`` for every ``ctx.report(value)``
+            a rank makes, while the ranks run: live plots and progress in a notebook.
 
     Raises:
         RankError: a rank raised or died; carries its rank number and traceback.
@@ -234,7 +269,14 @@ def launch(
 
     backend = _validate(fn, world_size, backend, timeout, threads)
     limit = 10 * 365 * 86400.0 if timeout is None else float(timeout)
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=limit))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        world_size + 1,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=limit),
+    )
     job = {
         "fn": fn, "args": tuple(args), "kwargs": dict(kwargs or {}), "world_size": world_size,
         "backend": backend, "host": "127.0.0.1", "port": store.port, "timeout": limit,
@@ -247,7 +289,7 @@ def launch(
             r = _spawn(rank, job, _child_env(rank, world_size, store.port, threads), echo)
             ranks.append(r)
             sel.register(r.result_fd, selectors.EVENT_READ, r)
-        return _collect(ranks, sel, time.monotonic() + limit, timeout, store)
+        return _collect(ranks, sel, time.monotonic() + limit, timeout, store, on_report)
     finally:
         _stop(ranks)
         sel.close()
@@ -258,13 +300,20 @@ def launch(
         del store
 
 
-def _collect(ranks: list[_Rank], sel: selectors.BaseSelector, deadline: float, timeout: float | None, store: Any) -> list[Any]:
+def _collect(
+    ranks: list[_Rank],
+    sel: selectors.BaseSelector,
+    deadline: float,
+    timeout: float | None,
+    store: Any,
+    on_report: Callable[[int, Any], None] | None,
+) -> list[Any]:
     """Wait for every rank's record; raise on the first failure or at the deadline."""
     while not all(r.done for r in ranks):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError(_timeout_message(ranks, timeout, store))
-        for r in _read_ready(sel, min(0.1, remaining)):
+        for r in _read_ready(sel, min(0.1, remaining), on_report):
             _finish(r)
             kind, value = r.record  # type: ignore[misc]
             if kind != "ok":
@@ -279,4 +328,7 @@ def _timeout_message(ranks: list[_Rank], timeout: float | None, store: Any) -> s
     text = f"ddtk.launch timed out after {timeout} s; rank(s) {', '.join(map(str, running))} were still running (stopped)."
     if waiting:
         text += f" Rank(s) {', '.join(map(str, waiting))} had returned and were waiting for them."
-    return text + " A rank blocked in a collective usually means another rank skipped or reordered that collective."
+    return (
+        text
+        + " A rank blocked in a collective usually means another rank skipped or reordered that collective."
+    )

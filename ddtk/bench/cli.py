@@ -7,7 +7,9 @@ import argparse
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``bench`` and its benchmarks."""
-    bench = subparsers.add_parser("bench", help="benchmarks that compare ddtk with the production peer")
+    bench = subparsers.add_parser(
+        "bench", help="benchmarks that compare ddtk with the production peer"
+    )
     sub = bench.add_subparsers(dest="bench", metavar="BENCHMARK")
     p = sub.add_parser(
         "collectives",
@@ -15,18 +17,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=__import__("ddtk.bench.collectives", fromlist=["x"]).__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-n", "--world-sizes", default="2,4", help="comma-separated world sizes (default 2,4)")
+    p.add_argument(
+        "-n", "--world-sizes", default="2,4", help="comma-separated world sizes (default 2,4)"
+    )
     p.add_argument("--min-bytes", default="1K", help="smallest message (default 1K)")
     p.add_argument("--max-bytes", default="64M", help="largest message (default 64M)")
-    p.add_argument("--step", type=int, default=4, help="size multiplier between rows, a power of 2 (default 4)")
+    p.add_argument(
+        "--step", type=int, default=4, help="size multiplier between rows, a power of 2 (default 4)"
+    )
     p.add_argument("--algorithms", default="ring,tree,recursive_doubling,naive,hierarchical",
                    help="comma-separated ddtk algorithms (default: all)")  # fmt: skip
-    p.add_argument("--iters", type=int, default=10, help="timed repetitions per size (x5 below 64 KiB; default 10)")
+    p.add_argument(
+        "--iters",
+        type=int,
+        default=10,
+        help="timed repetitions per size (x5 below 64 KiB; default 10)",
+    )
     p.add_argument("--warmup", type=int, default=2, help="untimed repetitions first (default 2)")
     p.add_argument("--backend", default="auto", help="auto, gloo or nccl")
-    p.add_argument("--json", metavar="PATH", help="write every measurement and the environment as JSON")
+    p.add_argument(
+        "--json", metavar="PATH", help="write every measurement and the environment as JSON"
+    )
     p.add_argument("--plot", metavar="PATH", help="write a PNG of busbw against message size")
-    p.add_argument("--no-launch-overhead", action="store_true", help="skip measuring ddtk.launch start-up")
+    p.add_argument(
+        "--no-launch-overhead", action="store_true", help="skip measuring ddtk.launch start-up"
+    )
     p.set_defaults(func=_run_collectives)
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
 
@@ -41,7 +56,9 @@ def _run_collectives(args: argparse.Namespace) -> int:
         if args.step < 2 or args.step & (args.step - 1):
             raise ValueError(f"--step must be a power of two >= 2, got {args.step}")
         if not world_sizes or min(world_sizes) < 2:
-            raise ValueError("--world-sizes needs integers >= 2 (one rank has nothing to communicate)")
+            raise ValueError(
+                "--world-sizes needs integers >= 2 (one rank has nothing to communicate)"
+            )
         if lo < 4 or hi < lo:
             raise ValueError(f"need 4 <= --min-bytes <= --max-bytes, got {lo} and {hi}")
         algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
@@ -49,7 +66,9 @@ def _run_collectives(args: argparse.Namespace) -> int:
 
         unknown = [a for a in algorithms if a not in ALL_REDUCE_ALGORITHMS or a == "torch"]
         if unknown:
-            raise ValueError(f"unknown algorithm(s) {', '.join(unknown)}; choose from {', '.join(ALL_REDUCE_ALGORITHMS[:-1])}")
+            raise ValueError(
+                f"unknown algorithm(s) {', '.join(unknown)}; choose from {', '.join(ALL_REDUCE_ALGORITHMS[:-1])}"
+            )
     except ValueError as exc:
         print(f"ddtk bench collectives: {exc}")
         return 2

@@ -39,7 +39,16 @@ def _iters_for(nbytes: int, iters: int) -> int:
     return iters * 5 if nbytes <= (64 << 10) else iters
 
 
-def _rank_sweep(ctx, sizes: Sequence[int], algorithms: Sequence[str], iters: int, warmup: int, peer: bool, memcpy: bool, validated: bool) -> list[dict]:
+def _rank_sweep(
+    ctx,
+    sizes: Sequence[int],
+    algorithms: Sequence[str],
+    iters: int,
+    warmup: int,
+    peer: bool,
+    memcpy: bool,
+    validated: bool,
+) -> list[dict]:
     """Body run on every rank: correctness check, then interleaved timing, per size."""
     import torch.distributed as dist
 
@@ -54,7 +63,10 @@ def _rank_sweep(ctx, sizes: Sequence[int], algorithms: Sequence[str], iters: int
         contenders = _contenders(ctx, x, algorithms, peer, memcpy, validated)
         samples: dict[str, list[float]] = {name: [] for name in contenders}
         for i in range(warmup + _iters_for(nbytes, iters)):
-            for name, fn in contenders.items():  # interleaved: every contender sees the same conditions
+            for (
+                name,
+                fn,
+            ) in contenders.items():  # interleaved: every contender sees the same conditions
                 t = timed_across_ranks(fn)
                 if i >= warmup:
                     samples[name].append(t)
@@ -63,11 +75,15 @@ def _rank_sweep(ctx, sizes: Sequence[int], algorithms: Sequence[str], iters: int
     return rows
 
 
-def _contenders(ctx, x: torch.Tensor, algorithms: Sequence[str], peer: bool, memcpy: bool, validated: bool) -> dict[str, Any]:
+def _contenders(
+    ctx, x: torch.Tensor, algorithms: Sequence[str], peer: bool, memcpy: bool, validated: bool
+) -> dict[str, Any]:
     """The operations timed for one message, by row name."""
     import torch.distributed as dist
 
-    contenders: dict[str, Any] = {a: (lambda a=a: ctx.all_reduce(x, algorithm=a)) for a in algorithms}
+    contenders: dict[str, Any] = {
+        a: (lambda a=a: ctx.all_reduce(x, algorithm=a)) for a in algorithms
+    }
     if peer:
         peer_buf = x.clone()
         contenders[PEER] = lambda: dist.all_reduce(peer_buf)

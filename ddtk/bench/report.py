@@ -33,11 +33,25 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
 
 def table(rows: list[dict], world_size: int) -> Table:
     t = Table(title=f"all_reduce, {world_size} ranks (float32; time of the slowest rank)")
-    for col in ("size", "algorithm", "median µs", "p10 µs", "p90 µs", "algbw GB/s", "busbw GB/s", "peer busbw", "ratio"):
+    for col in (
+        "size",
+        "algorithm",
+        "median µs",
+        "p10 µs",
+        "p90 µs",
+        "algbw GB/s",
+        "busbw GB/s",
+        "peer busbw",
+        "ratio",
+    ):
         t.add_column(col, justify="left" if col == "algorithm" else "right")
     for r in rows:
         ratio = r.get("ratio")
-        style = "" if ratio is None else ("green" if ratio >= 0.9 else "yellow" if ratio >= 0.5 else "red")
+        style = (
+            ""
+            if ratio is None
+            else ("green" if ratio >= 0.9 else "yellow" if ratio >= 0.5 else "red")
+        )
         t.add_row(
             format_bytes(r["nbytes"]), r["algorithm"], f"{r['time_median_s'] * 1e6:.0f}", f"{r['time_p10_s'] * 1e6:.0f}",
             f"{r['time_p90_s'] * 1e6:.0f}", f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}",
@@ -54,20 +68,33 @@ def fits(rows: list[dict], world_size: int) -> dict[str, dict[str, float]]:
         mine = [r for r in rows if r["algorithm"] == algo]
         if len(mine) < 2:
             continue
-        a, b = fit_alpha_beta(algo, world_size, [r["nbytes"] for r in mine], [r["time_median_s"] for r in mine])
-        out[algo] = {"alpha_us": a * 1e6, "bandwidth_gbps": (1 / b / 1e9) if b > 0 else float("inf")}
+        a, b = fit_alpha_beta(
+            algo, world_size, [r["nbytes"] for r in mine], [r["time_median_s"] for r in mine]
+        )
+        out[algo] = {
+            "alpha_us": a * 1e6,
+            "bandwidth_gbps": (1 / b / 1e9) if b > 0 else float("inf"),
+        }
     return out
 
 
 def summary(rows: list[dict]) -> dict[str, object]:
     """The two headline checks: large-message ring busbw vs peer, small-message best latency vs peer."""
-    large = [r["ratio"] for r in rows if r["algorithm"] == "ring" and r["nbytes"] >= (4 << 20) and r["ratio"]]
+    large = [
+        r["ratio"]
+        for r in rows
+        if r["algorithm"] == "ring" and r["nbytes"] >= (4 << 20) and r["ratio"]
+    ]
     small_sizes = sorted({r["nbytes"] for r in rows if r["nbytes"] <= (4 << 10)})
     worst_latency = None
     for size in small_sizes:
         at = [r for r in rows if r["nbytes"] == size]
         peer = next((r["time_median_s"] for r in at if r["algorithm"] == collectives.PEER), None)
-        ours = [r["time_median_s"] for r in at if r["algorithm"] not in (collectives.PEER, "memcpy", collectives.VALIDATED)]
+        ours = [
+            r["time_median_s"]
+            for r in at
+            if r["algorithm"] not in (collectives.PEER, "memcpy", collectives.VALIDATED)
+        ]
         if peer and ours:
             worst_latency = max(worst_latency or 0.0, min(ours) / peer)
     return {
@@ -83,13 +110,22 @@ def plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     sizes_by_world = sorted({r["world_size"] for r in rows})
-    fig, axes = plt.subplots(1, len(sizes_by_world), figsize=(6 * len(sizes_by_world), 4.2), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(sizes_by_world), figsize=(6 * len(sizes_by_world), 4.2), squeeze=False
+    )
     for ax, n in zip(axes[0], sizes_by_world):
         mine = [r for r in rows if r["world_size"] == n]
         for algo in dict.fromkeys(r["algorithm"] for r in mine):
             pts = [r for r in mine if r["algorithm"] == algo]
             style = {"linestyle": "--", "color": "black"} if algo == collectives.PEER else {}
-            ax.plot([r["nbytes"] for r in pts], [r["busbw_gbps"] for r in pts], marker="o", ms=3, label=algo, **style)
+            ax.plot(
+                [r["nbytes"] for r in pts],
+                [r["busbw_gbps"] for r in pts],
+                marker="o",
+                ms=3,
+                label=algo,
+                **style,
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("message size (bytes)")
@@ -102,7 +138,12 @@ def plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
-def run_collectives(world_sizes: Sequence[int], sizes: Sequence[int], algorithms: Sequence[str], args: argparse.Namespace) -> int:
+def run_collectives(
+    world_sizes: Sequence[int],
+    sizes: Sequence[int],
+    algorithms: Sequence[str],
+    args: argparse.Namespace,
+) -> int:
     env = collectives.environment()
     console.print(f"[bold]ddtk bench collectives[/bold]  cores={env['cores']} backend={env['backend']} torch={env['torch']} "
                   f"threads/rank=1  sizes {format_bytes(sizes[0])}..{format_bytes(sizes[-1])}")  # fmt: skip
@@ -111,7 +152,9 @@ def run_collectives(world_sizes: Sequence[int], sizes: Sequence[int], algorithms
         if not args.no_launch_overhead:
             result["launch_overhead"] = collectives.launch_overhead(4)
             lo = result["launch_overhead"]
-            console.print(f"ddtk.launch start-up (spawn + rendezvous + exit), 4 ranks: median {lo['time_median_s']:.2f} s")
+            console.print(
+                f"ddtk.launch start-up (spawn + rendezvous + exit), 4 ranks: median {lo['time_median_s']:.2f} s"
+            )
         for n in world_sizes:
             with console.status(f"measuring {n} ranks ..."):
                 rows = collectives.sweep(n, sizes, algorithms, iters=args.iters, warmup=args.warmup,
@@ -121,15 +164,21 @@ def run_collectives(world_sizes: Sequence[int], sizes: Sequence[int], algorithms
             result["fits"][n] = fits(rows, n)
             console.print(table(rows, n))
             for algo, f in result["fits"][n].items():
-                console.print(f"  fit {algo:>20s}: alpha = {f['alpha_us']:8.1f} µs   1/beta = {f['bandwidth_gbps']:6.2f} GB/s")
+                console.print(
+                    f"  fit {algo:>20s}: alpha = {f['alpha_us']:8.1f} µs   1/beta = {f['bandwidth_gbps']:6.2f} GB/s"
+                )
             _save(result, args)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: keeping the results measured so far[/yellow]")
     result["summary"] = summary(result["rows"])
     _save(result, args)
     s = result["summary"]
-    console.print(f"ring busbw / peer, messages >= 4 MiB (worst case): {_fmt(s['ring_busbw_ratio_min_ge_4MiB'])}  (target >= 0.90)")
-    console.print(f"best ddtk latency / peer, messages <= 4 KiB (worst case): {_fmt(s['best_small_latency_vs_peer_max_le_4KiB'])}  (target <= 2.00)")
+    console.print(
+        f"ring busbw / peer, messages >= 4 MiB (worst case): {_fmt(s['ring_busbw_ratio_min_ge_4MiB'])}  (target >= 0.90)"
+    )
+    console.print(
+        f"best ddtk latency / peer, messages <= 4 KiB (worst case): {_fmt(s['best_small_latency_vs_peer_max_le_4KiB'])}  (target <= 2.00)"
+    )
     return 0
 
 

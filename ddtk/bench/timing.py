@@ -23,9 +23,15 @@ def timed_across_ranks(fn: Callable[[], object]) -> float:
 def summarize(samples: Sequence[float]) -> dict[str, float]:
     """Median, 10th and 90th percentile of a list of seconds."""
     ordered = sorted(samples)
+
     def pct(q: float) -> float:
         return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-    return {"time_median_s": statistics.median(ordered), "time_p10_s": pct(0.1), "time_p90_s": pct(0.9)}
+
+    return {
+        "time_median_s": statistics.median(ordered),
+        "time_p10_s": pct(0.1),
+        "time_p90_s": pct(0.9),
+    }
 
 
 def parse_size(text: str) -> int:
@@ -35,7 +41,9 @@ def parse_size(text: str) -> int:
     try:
         return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
     except ValueError:
-        raise ValueError(f"cannot read size {text!r}; use bytes or a suffix K, M, G (e.g. 4K, 64M)") from None
+        raise ValueError(
+            f"cannot read size {text!r}; use bytes or a suffix K, M, G (e.g. 4K, 64M)"
+        ) from None
 
 
 def format_bytes(n: float) -> str:

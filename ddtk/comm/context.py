@@ -29,7 +29,14 @@ from ddtk.comm.transport import DTYPE_CODE, DTYPES, USER_TAG_LIMIT, Message, Tra
 
 _MAX_PENDING_SENDS = 256
 
-ALL_REDUCE_ALGORITHMS: tuple[str, ...] = ("ring", "tree", "recursive_doubling", "naive", "hierarchical", "torch")
+ALL_REDUCE_ALGORITHMS: tuple[str, ...] = (
+    "ring",
+    "tree",
+    "recursive_doubling",
+    "naive",
+    "hierarchical",
+    "torch",
+)
 
 _P2P_ALL_REDUCE: dict[str, Callable[..., torch.Tensor]] = {
     "ring": ring.all_reduce,
@@ -67,7 +74,14 @@ def resolve_backend(backend: str, local_world_size: int) -> str:
 class DistributedContext:
     """One rank's handle on the group: messages, collectives and statistics."""
 
-    def __init__(self, rank: int, world_size: int, backend: str, device: torch.device | str, validate: bool = True):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        backend: str,
+        device: torch.device | str,
+        validate: bool = True,
+    ):
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
@@ -77,6 +91,18 @@ class DistributedContext:
         self._comm = Transport(rank, world_size, self.device, self.stats)
         self._all = list(range(world_size))
         self._pending: list[tuple[int, int, Work]] = []  # (dst, tag, work) of sends in flight
+        self.reporter: Callable[[Any], None] | None = (
+            None  # set by ddtk.launch: the parent's on_report
+        )
+
+    def report(self, value: Any) -> None:
+        """Send ``value`` (picklable, small) to the launching process now, for live plots and progress.
+
+        Under :func:`ddtk.launch` it reaches the ``on_report(rank, value)`` callback while
+        the ranks are still running. Under other launchers (torchrun, Ray) it does nothing.
+        """
+        if self.reporter is not None:
+            self.reporter(value)
 
     # -- construction ----------------------------------------------------------------
     @classmethod
@@ -106,7 +132,11 @@ class DistributedContext:
                 torch.cuda.set_device(local_rank)
             _init_group(backend, rank, world, timeout)
         backend = dist.get_backend()
-        device = torch.device(f"cuda:{torch.cuda.current_device()}") if backend == "nccl" else torch.device("cpu")
+        device = (
+            torch.device(f"cuda:{torch.cuda.current_device()}")
+            if backend == "nccl"
+            else torch.device("cpu")
+        )
         return cls(dist.get_rank(), dist.get_world_size(), backend, device, validate)
 
     @property
@@ -153,14 +183,18 @@ class DistributedContext:
         if self._pending:
             lost = sorted({(dst, tag) for dst, tag, _ in self._pending})
             what = ", ".join(f"to rank {d} with tag {t}" for d, t in lost)
-            raise RuntimeError(f"rank {self.rank} finished with messages that were never received: {what}")
+            raise RuntimeError(
+                f"rank {self.rank} finished with messages that were never received: {what}"
+            )
 
     def recv(self, src: int | None = None, tag: int = 0) -> Message:
         """Receive the next message with ``tag`` from ``src`` (from any rank if ``src`` is None)."""
         if src is not None:
             self._check_peer(src, "src")
         elif self.backend == "nccl":
-            raise ValueError("recv(src=None) is not supported with NCCL, which has no receive-from-any; give src")
+            raise ValueError(
+                "recv(src=None) is not supported with NCCL, which has no receive-from-any; give src"
+            )
         self._check_tag(tag)
         return self._comm.recv_any(src, tag)
 
@@ -182,7 +216,9 @@ class DistributedContext:
                 buf = _recv_meta(self, root, tag)
             return tree.broadcast_(self._comm, self._all, buf, root, tag + 2)
 
-    def scatter(self, chunks: Sequence[torch.Tensor] | torch.Tensor | None, root: int = 0) -> torch.Tensor:
+    def scatter(
+        self, chunks: Sequence[torch.Tensor] | torch.Tensor | None, root: int = 0
+    ) -> torch.Tensor:
         """Rank i gets ``chunks[i]`` from root. A tensor is split along dim 0 like ``torch.tensor_split``."""
         self._check_root(root)
         if self.rank == root:
@@ -203,18 +239,24 @@ class DistributedContext:
         with self._collective("all_gather", tensor):
             return ring.all_gather(self._comm, self._all, tensor)
 
-    def reduce(self, tensor: torch.Tensor, root: int = 0, op: ReduceOp | str = ReduceOp.SUM) -> torch.Tensor | None:
+    def reduce(
+        self, tensor: torch.Tensor, root: int = 0, op: ReduceOp | str = ReduceOp.SUM
+    ) -> torch.Tensor | None:
         """The reduction of every rank's tensor on root (binomial tree); None elsewhere."""
         self._check_root(root)
         op = self._check_reduction(tensor, op, "reduce")
         with self._collective("reduce", tensor, op=op, root=root):
             return tree.reduce(self._comm, self._all, tensor, op, root)
 
-    def reduce_scatter(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> torch.Tensor:
+    def reduce_scatter(
+        self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM
+    ) -> torch.Tensor:
         """Reduce every rank's tensor and return this rank's part of dim 0 (``torch.tensor_split`` parts)."""
         op = self._check_reduction(tensor, op, "reduce_scatter")
         if tensor.dim() == 0:
-            raise ValueError("reduce_scatter needs a tensor with at least one dimension to split along dim 0")
+            raise ValueError(
+                "reduce_scatter needs a tensor with at least one dimension to split along dim 0"
+            )
         with self._collective("reduce_scatter", tensor, op=op):
             return ring.reduce_scatter(self._comm, self._all, tensor, op)
 
@@ -232,9 +274,13 @@ class DistributedContext:
         """
         op = self._check_reduction(tensor, op, "all_reduce")
         if algorithm not in ALL_REDUCE_ALGORITHMS:
-            raise ValueError(f"unknown all_reduce algorithm {algorithm!r}; expected one of {', '.join(ALL_REDUCE_ALGORITHMS)}")
+            raise ValueError(
+                f"unknown all_reduce algorithm {algorithm!r}; expected one of {', '.join(ALL_REDUCE_ALGORITHMS)}"
+            )
         if group_size is not None and (algorithm != "hierarchical" or group_size < 1):
-            raise ValueError("group_size is a positive integer and only applies to algorithm='hierarchical'")
+            raise ValueError(
+                "group_size is a positive integer and only applies to algorithm='hierarchical'"
+            )
         extra = {"group_size": group_size} if algorithm == "hierarchical" else {}
         with self._collective("all_reduce", tensor, op=op, algorithm=algorithm, **extra):
             if algorithm == "torch":
@@ -243,7 +289,9 @@ class DistributedContext:
                 return hierarchical.all_reduce(self._comm, self._all, tensor, op, group_size)
             return _P2P_ALL_REDUCE[algorithm](self._comm, self._all, tensor, op)
 
-    def ring_all_reduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> torch.Tensor:
+    def ring_all_reduce(
+        self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM
+    ) -> torch.Tensor:
         """Shorthand for ``all_reduce(tensor, op, algorithm="ring")``."""
         return self.all_reduce(tensor, op, algorithm="ring")
 
@@ -255,7 +303,10 @@ class DistributedContext:
     # -- helpers ---------------------------------------------------------------------
     def _collective(self, name: str, tensor: torch.Tensor | None, **fields: Any):
         """Validate agreement across ranks, then time the collective into stats."""
-        desc: dict[str, Any] = {"collective": name, **{k: (v.name if isinstance(v, ReduceOp) else v) for k, v in fields.items()}}
+        desc: dict[str, Any] = {
+            "collective": name,
+            **{k: (v.name if isinstance(v, ReduceOp) else v) for k, v in fields.items()},
+        }
         if tensor is not None:
             desc.update(dtype=str(tensor.dtype), shape=tuple(tensor.shape))
         if self.validate:
@@ -281,26 +332,36 @@ class DistributedContext:
         if not isinstance(peer, int) or not 0 <= peer < self.world_size:
             raise ValueError(f"{name} must be a rank in [0, {self.world_size}), got {peer!r}")
         if peer == self.rank:
-            raise ValueError(f"rank {self.rank} cannot send to or receive from itself ({name}={peer})")
+            raise ValueError(
+                f"rank {self.rank} cannot send to or receive from itself ({name}={peer})"
+            )
 
     def _check_tag(self, tag: int) -> None:
         if not isinstance(tag, int) or not 0 <= tag < USER_TAG_LIMIT:
             raise ValueError(f"tag must be an int in [0, {USER_TAG_LIMIT}), got {tag!r}")
 
-    def _scatter_chunks(self, chunks: Sequence[torch.Tensor] | torch.Tensor | None) -> list[torch.Tensor]:
+    def _scatter_chunks(
+        self, chunks: Sequence[torch.Tensor] | torch.Tensor | None
+    ) -> list[torch.Tensor]:
         if isinstance(chunks, torch.Tensor):
             if chunks.dim() == 0:
-                raise ValueError("scatter cannot split a 0-d tensor; pass a list of world_size tensors")
+                raise ValueError(
+                    "scatter cannot split a 0-d tensor; pass a list of world_size tensors"
+                )
             return list(torch.tensor_split(chunks, self.world_size))
         if chunks is None or len(chunks) != self.world_size:
             got = "None" if chunks is None else f"{len(chunks)} chunks"
-            raise ValueError(f"scatter on the root needs {self.world_size} chunks (one per rank) or a tensor to split, got {got}")
+            raise ValueError(
+                f"scatter on the root needs {self.world_size} chunks (one per rank) or a tensor to split, got {got}"
+            )
         for c in chunks:
             self._check_tensor(c, "scatter")
         return list(chunks)
 
 
-def _send_meta(ctx: DistributedContext, shape: torch.Tensor, dtype: torch.dtype, root: int, tag: int) -> None:
+def _send_meta(
+    ctx: DistributedContext, shape: torch.Tensor, dtype: torch.dtype, root: int, tag: int
+) -> None:
     """Tell every rank the shape and dtype of the coming broadcast (tree, two tiny messages)."""
     if dtype not in DTYPE_CODE:
         raise TypeError(f"broadcast does not support dtype {dtype}")
@@ -319,9 +380,16 @@ def _recv_meta(ctx: DistributedContext, root: int, tag: int) -> torch.Tensor:
     return torch.empty([int(s) for s in shape.tolist()], dtype=DTYPES[code], device=ctx.device)
 
 
-def _init_group(backend: str, rank: int, world_size: int, timeout: float, store: Any = None) -> None:
+def _init_group(
+    backend: str, rank: int, world_size: int, timeout: float, store: Any = None
+) -> None:
     """Initialise the default process group (env:// rendezvous unless a store is given)."""
-    kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size, "timeout": timedelta(seconds=timeout)}
+    kwargs: dict[str, Any] = {
+        "backend": backend,
+        "rank": rank,
+        "world_size": world_size,
+        "timeout": timedelta(seconds=timeout),
+    }
     if store is not None:
         kwargs["store"] = store
     if backend == "nccl":

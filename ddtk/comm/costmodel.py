@@ -31,7 +31,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-ALGORITHMS: tuple[str, ...] = ("ring", "tree", "recursive_doubling", "naive", "hierarchical", "torch")
+ALGORITHMS: tuple[str, ...] = (
+    "ring",
+    "tree",
+    "recursive_doubling",
+    "naive",
+    "hierarchical",
+    "torch",
+)
 
 _BUS_FACTORS = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -46,7 +53,9 @@ def _log2_ceil(n: int) -> int:
     return max(0, math.ceil(math.log2(n))) if n > 1 else 0
 
 
-def cost_terms(algorithm: str, world_size: int, group_size: int | None = None) -> tuple[float, float]:
+def cost_terms(
+    algorithm: str, world_size: int, group_size: int | None = None
+) -> tuple[float, float]:
     """``(latency_steps, bandwidth_factor)`` so that time = steps * alpha + factor * nbytes * beta."""
     n = world_size
     if n < 1:
@@ -67,12 +76,19 @@ def cost_terms(algorithm: str, world_size: int, group_size: int | None = None) -
         g = group_size or max(1, math.isqrt(n))
         groups = math.ceil(n / g)
         inner = 2.0 * _log2_ceil(g)
-        return inner + 2.0 * (groups - 1), inner + (2.0 * (groups - 1) / groups if groups > 1 else 0.0)
+        return inner + 2.0 * (groups - 1), inner + (
+            2.0 * (groups - 1) / groups if groups > 1 else 0.0
+        )
     raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
 
 
 def predict_time(
-    algorithm: str, nbytes: float, world_size: int, alpha: float, beta: float, group_size: int | None = None
+    algorithm: str,
+    nbytes: float,
+    world_size: int,
+    alpha: float,
+    beta: float,
+    group_size: int | None = None,
 ) -> float:
     """Predicted all-reduce time in seconds for a buffer of ``nbytes``."""
     steps, factor = cost_terms(algorithm, world_size, group_size)
@@ -82,7 +98,9 @@ def predict_time(
 def bus_factor(collective: str, world_size: int) -> float:
     """The nccl-tests factor that turns algorithm bandwidth into bus bandwidth."""
     if collective not in _BUS_FACTORS:
-        raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(_BUS_FACTORS)}")
+        raise ValueError(
+            f"unknown collective {collective!r}; expected one of {', '.join(_BUS_FACTORS)}"
+        )
     return _BUS_FACTORS[collective](world_size) if world_size > 1 else 0.0
 
 
@@ -100,7 +118,9 @@ def fit_alpha_beta(
     (bandwidth-bound) messages, or one of the two is poorly determined.
     """
     if len(nbytes_list) != len(seconds_list) or len(nbytes_list) < 2:
-        raise ValueError("fit_alpha_beta needs at least two (nbytes, seconds) pairs of equal length")
+        raise ValueError(
+            "fit_alpha_beta needs at least two (nbytes, seconds) pairs of equal length"
+        )
     steps, factor = cost_terms(algorithm, world_size, group_size)
     if steps == 0:
         raise ValueError("a world size of 1 sends nothing: there is no alpha or beta to fit")

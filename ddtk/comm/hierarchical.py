@@ -33,7 +33,11 @@ def groups_of(ranks: Sequence[int], group_size: int) -> list[list[int]]:
 
 
 def all_reduce(
-    comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, op: ReduceOp, group_size: int | None = None
+    comm: Transport,
+    ranks: Sequence[int],
+    tensor: torch.Tensor,
+    op: ReduceOp,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     """Two-level all-reduce; returns a new tensor of the same shape."""
     groups = groups_of(ranks, group_size or default_group_size(len(ranks)))
@@ -45,6 +49,8 @@ def all_reduce(
     tree.reduce_(comm, mine, acc, op, 0, tag)
     if comm.rank == mine[0] and len(leaders) > 1:
         # The leaders' ring must not divide an AVERAGE yet: combine with SUM semantics.
-        acc = ring.all_reduce(comm, leaders, acc, ReduceOp.SUM if op is ReduceOp.AVERAGE else op, ring_tag)
+        acc = ring.all_reduce(
+            comm, leaders, acc, ReduceOp.SUM if op is ReduceOp.AVERAGE else op, ring_tag
+        )
     tree.broadcast_(comm, mine, acc, 0, tag + 1)
     return finish_(acc, op, len(ranks))

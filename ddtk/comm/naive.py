@@ -18,7 +18,9 @@ from ddtk.comm.ops import ReduceOp, combine_, finish_
 from ddtk.comm.transport import Transport
 
 
-def gather(comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, root: int) -> list[torch.Tensor] | None:
+def gather(
+    comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, root: int
+) -> list[torch.Tensor] | None:
     """Collect every rank's tensor (any shapes) on ``ranks[root]``, in rank order."""
     tag = comm.tag_block()
     if comm.rank != ranks[root]:
@@ -34,19 +36,28 @@ def gather(comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, root: in
     return out
 
 
-def scatter(comm: Transport, ranks: Sequence[int], chunks: Sequence[torch.Tensor] | None, root: int) -> torch.Tensor:
+def scatter(
+    comm: Transport, ranks: Sequence[int], chunks: Sequence[torch.Tensor] | None, root: int
+) -> torch.Tensor:
     """Send ``chunks[i]`` from ``ranks[root]`` to ``ranks[i]``; return this rank's chunk."""
     tag = comm.tag_block()
     if comm.rank != ranks[root]:
         return comm.recv_any(ranks[root], tag).payload
     assert chunks is not None
-    sends = [w for r, chunk in zip(ranks, chunks) if r != comm.rank for w in comm.send_tensor(chunk, r, tag)]
+    sends = [
+        w
+        for r, chunk in zip(ranks, chunks)
+        if r != comm.rank
+        for w in comm.send_tensor(chunk, r, tag)
+    ]
     for w in sends:
         w.wait()
     return chunks[ranks.index(comm.rank)].detach().to(device=comm.device, copy=True)
 
 
-def all_reduce(comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+def all_reduce(
+    comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, op: ReduceOp
+) -> torch.Tensor:
     """Naive all-reduce: everyone sends to the first rank, which reduces and sends the result back."""
     acc = tensor.detach().to(device=comm.device, copy=True).contiguous()
     root, tag = ranks[0], comm.tag_block()

@@ -45,7 +45,9 @@ def check_op_dtype(op: ReduceOp, dtype: torch.dtype) -> None:
             "average would be silently truncated. Convert to float first, or use SUM."
         )
     if dtype is torch.bool and op in (ReduceOp.SUM, ReduceOp.PRODUCT):
-        raise TypeError(f"ReduceOp.{op.name} is not defined for bool tensors; use MIN (and) or MAX (or)")
+        raise TypeError(
+            f"ReduceOp.{op.name} is not defined for bool tensors; use MIN (and) or MAX (or)"
+        )
 
 
 def combine_(acc: torch.Tensor, incoming: torch.Tensor, op: ReduceOp) -> torch.Tensor:

@@ -22,7 +22,9 @@ from ddtk.comm.ops import ReduceOp, combine_, finish_
 from ddtk.comm.transport import Transport
 
 
-def all_reduce(comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+def all_reduce(
+    comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, op: ReduceOp
+) -> torch.Tensor:
     """All-reduce ``tensor`` over ``ranks``; returns a new tensor of the same shape."""
     k = len(ranks)
     i = ranks.index(comm.rank)

@@ -21,7 +21,9 @@ _TORCH_OPS = {
 }
 
 
-def all_reduce(tensor: torch.Tensor, op: ReduceOp, world_size: int, device: torch.device, backend: str) -> torch.Tensor:
+def all_reduce(
+    tensor: torch.Tensor, op: ReduceOp, world_size: int, device: torch.device, backend: str
+) -> torch.Tensor:
     """All-reduce a copy of ``tensor`` with torch.distributed; returns a new tensor."""
     out = tensor.detach().to(device=device, copy=True).contiguous()
     if out.numel() == 0:

@@ -65,7 +65,13 @@ class RingStep:
 def _reduce_scatter_steps(n: int, rank: int, shift: int, first_step: int = 0) -> list[RingStep]:
     """Reduce-scatter steps after which ``rank`` holds chunk ``(rank + 1 + shift) % n`` reduced."""
     return [
-        RingStep("reduce_scatter", first_step + s, rank, (rank - s + shift) % n, (rank - s - 1 + shift) % n)
+        RingStep(
+            "reduce_scatter",
+            first_step + s,
+            rank,
+            (rank - s + shift) % n,
+            (rank - s - 1 + shift) % n,
+        )
         for s in range(n - 1)
     ]
 
@@ -111,14 +117,18 @@ def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
 
 def _segments(bound: tuple[int, int], seg_elems: int) -> list[tuple[int, int]]:
     start, stop = bound
-    return [(a, min(a + seg_elems, stop)) for a in range(start, stop, seg_elems)] or [(start, start)]
+    return [(a, min(a + seg_elems, stop)) for a in range(start, stop, seg_elems)] or [
+        (start, start)
+    ]
 
 
 def _segment_elems(bounds: Sequence[tuple[int, int]], element_size: int, steps: int) -> int:
     """Segment length in elements: about 1/SEGMENTS_PER_CHUNK of the longest chunk, clamped
     to [MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES], and never more segments than tags allow."""
     longest = max(b - a for a, b in bounds)
-    target = min(max(longest * element_size // SEGMENTS_PER_CHUNK, MIN_SEGMENT_BYTES), MAX_SEGMENT_BYTES)
+    target = min(
+        max(longest * element_size // SEGMENTS_PER_CHUNK, MIN_SEGMENT_BYTES), MAX_SEGMENT_BYTES
+    )
     seg = max(1, target // element_size)
     max_segments = max(1, TAGS_PER_BLOCK // max(steps, 1))
     return max(seg, math.ceil(longest / max_segments), 1)
@@ -154,7 +164,9 @@ def run_ring(
     for a, b in itertools.pairwise(plan):
         assert b.send_chunk == a.recv_chunk, "ring plan steps do not chain"
     seg = _segment_elems(bounds, out.element_size(), len(plan))
-    segs = {c: _segments(bounds[c], seg) for c in {s.recv_chunk for s in plan} | {plan[0].send_chunk}}
+    segs = {
+        c: _segments(bounds[c], seg) for c in {s.recv_chunk for s in plan} | {plan[0].send_chunk}
+    }
     base = comm.tag_block() if tag is None else tag
     per_step = TAGS_PER_BLOCK // len(plan)
 
@@ -163,14 +175,23 @@ def run_ring(
     recvs: list[list[Work]] = []
     for i, step in enumerate(plan):
         target = scratch if step.reduces else out
-        recvs.append([comm.irecv(target[a:b], left, base + i * per_step + j) for j, (a, b) in enumerate(segs[step.recv_chunk])])
-    sends = [comm.isend(src[a:b], right, base + j) for j, (a, b) in enumerate(segs[plan[0].send_chunk])]
+        recvs.append(
+            [
+                comm.irecv(target[a:b], left, base + i * per_step + j)
+                for j, (a, b) in enumerate(segs[step.recv_chunk])
+            ]
+        )
+    sends = [
+        comm.isend(src[a:b], right, base + j) for j, (a, b) in enumerate(segs[plan[0].send_chunk])
+    ]
 
     for i, step in enumerate(plan):
         forward = i + 1 < len(plan)
         for j, (a, b) in enumerate(segs[step.recv_chunk]):
             recvs[i][j].wait()
-            if step.reduces:  # each chunk is reduced at most once: own contribution (src) + incoming
+            if (
+                step.reduces
+            ):  # each chunk is reduced at most once: own contribution (src) + incoming
                 combine_into(out[a:b], src[a:b], scratch[a:b], op)
             if forward:
                 sends.append(comm.isend(out[a:b], right, base + (i + 1) * per_step + j))
@@ -185,7 +206,11 @@ def _flat(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def all_reduce(
-    comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, op: ReduceOp, tag: int | None = None
+    comm: Transport,
+    ranks: Sequence[int],
+    tensor: torch.Tensor,
+    op: ReduceOp,
+    tag: int | None = None,
 ) -> torch.Tensor:
     """Ring all-reduce of ``tensor`` over ``ranks``; returns a new tensor of the same shape."""
     n = len(ranks)
@@ -198,7 +223,9 @@ def all_reduce(
     return finish_(out, op, n).view(tensor.shape)
 
 
-def reduce_scatter(comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+def reduce_scatter(
+    comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, op: ReduceOp
+) -> torch.Tensor:
     """Ring reduce-scatter: split dim 0 like ``torch.tensor_split`` and return this rank's part reduced."""
     n, me = len(ranks), ranks.index(comm.rank)
     if tensor.dim() == 0:

@@ -160,7 +160,9 @@ class Transport:
             buf = torch.empty(n, dtype=torch.uint8, device=self.device)
             self.irecv(buf, src, tag).wait()
             return Message(src, tag, pickle.loads(buf.cpu().numpy().tobytes()))
-        raise RuntimeError(f"rank {self.rank}: corrupt message header from rank {src}: {header[:3].tolist()}")
+        raise RuntimeError(
+            f"rank {self.rank}: corrupt message header from rank {src}: {header[:3].tolist()}"
+        )
 
     def _recv_header(self, header: torch.Tensor, src: int | None, tag: int) -> int:
         self.stats.record_recv(header.numel() * header.element_size())
@@ -169,7 +171,9 @@ class Transport:
         dist.recv(header, src, tag=tag)
         return src
 
-    def _header(self, kind: int, code: int, n: int, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+    def _header(
+        self, kind: int, code: int, n: int, shape: tuple[int, ...] | torch.Size
+    ) -> torch.Tensor:
         values = [kind, code, n, *shape]
         header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
         header[: len(values)] = torch.tensor(values, dtype=torch.int64)

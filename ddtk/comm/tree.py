@@ -41,7 +41,9 @@ def reduce_(
     return True
 
 
-def broadcast_(comm: Transport, ranks: Sequence[int], buf: torch.Tensor, root: int, tag: int) -> torch.Tensor:
+def broadcast_(
+    comm: Transport, ranks: Sequence[int], buf: torch.Tensor, root: int, tag: int
+) -> torch.Tensor:
     """Broadcast ``buf`` from ``ranks[root]`` to every rank (received in place)."""
     k = len(ranks)
     v = (ranks.index(comm.rank) - root) % k
@@ -72,7 +74,9 @@ def reduce(
     return None
 
 
-def all_reduce(comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+def all_reduce(
+    comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, op: ReduceOp
+) -> torch.Tensor:
     """Tree all-reduce: binomial reduce to the first rank, then binomial broadcast."""
     acc = tensor.detach().to(device=comm.device, copy=True).contiguous()
     tag = comm.tag_block()

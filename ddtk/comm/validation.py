@@ -52,7 +52,10 @@ def describe_mismatch(descs: list[Mapping[str, Any]]) -> str:
         for rank, d in enumerate(descs):
             by_value.setdefault(repr(d.get(key, "<not given>")), []).append(rank)
         if len(by_value) > 1:
-            parts = "; ".join(f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))}: {v}" for v, r in by_value.items())
+            parts = "; ".join(
+                f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))}: {v}"
+                for v, r in by_value.items()
+            )
             lines.append(f"  {key}: {parts}")
     what = descs[0].get("collective", "collective")
     return f"ranks disagree on the arguments of {what}:\n" + "\n".join(lines)

@@ -41,16 +41,52 @@ def _entry(name: str, path: str, title: str, kind: str, *needs: str) -> Notebook
 
 
 NOTEBOOKS: tuple[NotebookEntry, ...] = (
-    _entry("01", "course/01-distributed-fundamentals.ipynb", "Distributed Training Fundamentals", "lecture"),
+    _entry(
+        "01",
+        "course/01-distributed-fundamentals.ipynb",
+        "Distributed Training Fundamentals",
+        "lecture",
+    ),
     _entry("02", "course/02-ray.ipynb", "Ray, Ray Train and Ray Tune", "lecture", "ray"),
-    _entry("03", "course/03-horovod-and-ddp.ipynb", "Horovod and PyTorch DDP", "lecture", "horovod"),
-    _entry("04", "course/04-nccl-and-networking.ipynb", "NCCL and High-Performance Networking", "lecture"),
+    _entry(
+        "03", "course/03-horovod-and-ddp.ipynb", "Horovod and PyTorch DDP", "lecture", "horovod"
+    ),
+    _entry(
+        "04",
+        "course/04-nccl-and-networking.ipynb",
+        "NCCL and High-Performance Networking",
+        "lecture",
+    ),
     _entry("05", "course/05-mixed-precision.ipynb", "Mixed Precision Training", "lecture"),
-    _entry("06", "course/06-fault-tolerance.ipynb", "Fault Tolerance and Checkpointing", "lecture", "ray"),
+    _entry(
+        "06",
+        "course/06-fault-tolerance.ipynb",
+        "Fault Tolerance and Checkpointing",
+        "lecture",
+        "ray",
+    ),
     _entry("07", "course/07-performance-optimization.ipynb", "Performance Optimization", "lecture"),
-    _entry("lab01", "solutions/lab01-ray-train.ipynb", "Lab 01: Ray Train data-parallel training", "lab", "ray"),
-    _entry("lab02", "solutions/lab02-horovod.ipynb", "Lab 02: Multi-process training with Horovod", "lab", "horovod"),
-    _entry("lab03", "solutions/lab03-fault-tolerance.ipynb", "Lab 03: Fault-tolerant training", "lab", "ray"),
+    _entry(
+        "lab01",
+        "solutions/lab01-ray-train.ipynb",
+        "Lab 01: Ray Train data-parallel training",
+        "lab",
+        "ray",
+    ),
+    _entry(
+        "lab02",
+        "solutions/lab02-horovod.ipynb",
+        "Lab 02: Multi-process training with Horovod",
+        "lab",
+        "horovod",
+    ),
+    _entry(
+        "lab03",
+        "solutions/lab03-fault-tolerance.ipynb",
+        "Lab 03: Fault-tolerant training",
+        "lab",
+        "ray",
+    ),
     _entry("lab04", "solutions/lab04-profiling.ipynb", "Lab 04: Profiling and optimisation", "lab"),
 )
 

@@ -1,0 +1,1 @@
+"""Training strategies, one per file, all sharing :class:`~ddtk.parallel.trainer.DistributedTrainer`."""
