@@ -28,7 +28,11 @@ def test_results_in_rank_order_with_args_and_kwargs() -> None:
     def work(ctx, a, b=0):
         return (ctx.rank, a, b)
 
-    assert ddtk.launch(work, 3, args=("x",), kwargs={"b": 7}) == [(0, "x", 7), (1, "x", 7), (2, "x", 7)]
+    assert ddtk.launch(work, 3, args=("x",), kwargs={"b": 7}) == [
+        (0, "x", 7),
+        (1, "x", 7),
+        (2, "x", 7),
+    ]
 
 
 def test_each_rank_is_its_own_process_on_one_thread() -> None:
@@ -97,7 +101,9 @@ def _sigkill_self(ctx):
 
 
 def test_rank_killed_by_signal_is_reported() -> None:
-    with pytest.raises(RankError, match=r"rank 1 died without reporting a result \(signal SIGKILL\)"):
+    with pytest.raises(
+        RankError, match=r"rank 1 died without reporting a result \(signal SIGKILL\)"
+    ):
         ddtk.launch(_sigkill_self, 3, timeout=60)
 
 
@@ -150,15 +156,19 @@ def test_ctrl_c_stops_every_rank(tmp_path) -> None:
     """SIGINT to a script blocked in launch: it exits and no rank survives."""
     script = tmp_path / "sleepers.py"
     pids = tmp_path / "pids"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, time, ddtk
         def work(ctx):
             with open({str(pids)!r}, "a") as f:
                 f.write(f"{{os.getpid()}}\\n")
             time.sleep(600)
         ddtk.launch(work, 3, timeout=600)
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    """)
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not pids.exists() or len(pids.read_text().split()) < 3):
         time.sleep(0.2)
@@ -168,18 +178,61 @@ def test_ctrl_c_stops_every_rank(tmp_path) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode != 0 and b"KeyboardInterrupt" in err
     time.sleep(0.5)
-    assert not [p for p in rank_pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not [
+        p
+        for p in rank_pids
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def test_script_without_main_guard_works(tmp_path) -> None:
     """Ranks are fresh interpreters that never re-import __main__, so no guard is needed."""
     script = tmp_path / "noguard.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import torch, ddtk
         def work(ctx):
             return float(ctx.all_reduce(torch.ones(3)).sum())
         print("RESULT", ddtk.launch(work, 2))
-    """))
+    """)
+    )
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "RESULT [6.0, 6.0]" in out.stdout
+
+
+def _reporting(ctx, path: str) -> int:
+    import os
+    import time
+
+    for i in range(3):
+        ctx.report({"rank": ctx.rank, "i": i})
+    while not os.path.exists(path):  # the parent creates it only after it saw the reports
+        time.sleep(0.01)
+    print("bar 50%\rbar 100%")
+    return ctx.rank
+
+
+def test_reports_reach_the_parent_while_ranks_run(tmp_path, capfd) -> None:
+    flag = tmp_path / "seen"
+    got: list[tuple[int, dict]] = []
+
+    def on_report(rank: int, value: dict) -> None:
+        got.append((rank, value))
+        if len(got) == 6:
+            flag.touch()  # the ranks wait for this: reports must arrive before they return
+
+    assert ddtk.launch(_reporting, 2, args=(str(flag),), on_report=on_report, timeout=60) == [0, 1]
+    for rank in (0, 1):
+        assert [v["i"] for r, v in got if r == rank] == [0, 1, 2]
+    out = capfd.readouterr().out
+    assert "[rank 1] bar 50%\r[rank 1] bar 100%\n" in out  # a redrawn line keeps its prefix
+
+
+def _boom_report(rank: int, value: object) -> None:
+    raise ValueError("plot failed")
+
+
+def test_error_in_on_report_stops_the_ranks() -> None:
+    with pytest.raises(ValueError, match="plot failed"):
+        ddtk.launch(_reporting, 2, args=("/nonexistent/never",), on_report=_boom_report, timeout=60)

@@ -179,3 +179,21 @@ def test_scaling_plot_has_ideal_measured_and_fit() -> None:
     _fig, ax = plt.subplots()
     plots.plot_stacked_times(ax, ["1", "2"], {"compute": [2.0, 1.0], "comm": [0.0, 0.5]})
     assert len(ax.patches) == 4
+
+
+def test_live_plot_collects_reports_per_rank_and_draws_statically() -> None:
+    from ddtk.viz.live import LivePlot
+
+    live = LivePlot(["loss", "accuracy"], kind="step")
+    for step in range(1, 4):
+        for rank in (0, 1):
+            live(rank, {"kind": "step", "step": step, "loss": 1.0 / step + rank})
+    live(0, {"kind": "epoch", "epoch": 1, "loss": 99.0})  # filtered out by kind
+    live(0, "not a dict")  # ignored
+    assert live.data[(1, "loss")] == [(1.0, 2.0), (2.0, 1.5), (3.0, 1.0 + 1 / 3)]
+    assert (0, "accuracy") not in live.data
+    fig = live.close()  # not in a notebook: returns the figure
+    loss_ax, acc_ax = fig.axes
+    assert [line.get_label() for line in loss_ax.lines] == ["rank 0", "rank 1"]
+    assert list(loss_ax.lines[0].get_ydata()) == [1.0, 0.5, pytest.approx(1 / 3)]
+    assert not acc_ax.lines

@@ -43,6 +43,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--no-launch-overhead", action="store_true", help="skip measuring ddtk.launch start-up"
     )
     p.set_defaults(func=_run_collectives)
+    from ddtk.bench import dp
+
+    dp.register(sub)
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
 
 
