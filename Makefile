@@ -36,8 +36,10 @@ lint: venv ## ruff, and notebook hygiene (no outputs, labs up to date, parameter
 	$(BIN)/ruff check .
 	$(BIN)/ddtk course check
 
-bench: venv ## all-reduce benchmark against torch.distributed (JSON + PNG in build/bench/)
+bench: venv ## benchmarks against their peers: collectives, DataParallel vs DDP, compression (JSON + PNG in build/bench/)
 	$(BIN)/ddtk bench collectives --json build/bench/collectives.json --plot build/bench/collectives.png
+	$(BIN)/ddtk bench dp --json build/bench/dp.json --plot build/bench/dp.png
+	$(BIN)/ddtk bench compression --json build/bench/compression.json --plot build/bench/compression.png
 
 lock: venv ## rewrite requirements.lock and environment.yml from .venv
 	$(BIN)/python scripts/lock.py

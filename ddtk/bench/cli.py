@@ -43,9 +43,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--no-launch-overhead", action="store_true", help="skip measuring ddtk.launch start-up"
     )
     p.set_defaults(func=_run_collectives)
-    from ddtk.bench import dp
+    from ddtk.bench import compression, dp
 
     dp.register(sub)
+    compression.register(sub)
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
 
 

@@ -92,8 +92,9 @@ class DataParallel(DistributedTrainer):
             or ``"torch"`` for torch.distributed's own).
         overlap: launch each bucket from backward hooks (True) or all of them after
             backward finishes (False): the "no overlap" baseline.
-        compression: a :class:`ddtk.compression.Compressor`; each bucket is averaged
-            by ``compression.aggregate(ctx, flat, key=bucket_index)``.
+        compression: a :class:`ddtk.compression.Compressor` or a spec such as
+            ``"ef+topk:0.01"``; each bucket is averaged by
+            ``compression.aggregate(ctx, flat, key=bucket_index)``.
         broadcast_parameters: copy rank 0's parameters and buffers to every rank first.
 
     ``stats`` counts, per bucket, how many times it was reduced, and the seconds the
@@ -121,7 +122,10 @@ class DataParallel(DistributedTrainer):
             )
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
-        self.algorithm, self.overlap, self.compression = algorithm, overlap, compression
+        from ddtk.compression import get_compressor
+
+        self.algorithm, self.overlap = algorithm, overlap
+        self.compression = None if compression is None else get_compressor(compression)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no parameters that require gradients")
