@@ -13,6 +13,7 @@ function and get the same arrays, then keep its own part.
 from __future__ import annotations
 
 import heapq
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,13 @@ __all__ = [
 ]
 
 PARTITION_STRATEGIES = ("contiguous", "strided", "shuffled")
+
+
+def _count(value: object, name: str, minimum: int) -> int:
+    """``value`` as an int >= ``minimum`` (numpy integers accepted, bools and floats refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,8 @@ def load_dataset(name: str = "digits", n: int = 2048, seed: int = 0) -> Dataset:
     Synthetic: ``synthetic_classification`` (20 features, 4 classes) and
     ``synthetic_regression`` (10 features, targets of shape (n, 1)).
     """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
     if name == "digits":
         return _digits()
     if name in ("iris", "wine", "breast_cancer"):
@@ -121,9 +131,7 @@ def load_dataset(name: str = "digits", n: int = 2048, seed: int = 0) -> Dataset:
         raise ValueError(f"n must be a positive number of samples, got {n}")
     if name == "synthetic_classification":
         return _synthetic_classification(n, seed)
-    if name == "synthetic_regression":
-        return _synthetic_regression(n, seed)
-    raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    return _synthetic_regression(n, seed)
 
 
 def train_test_split(
@@ -132,8 +140,13 @@ def train_test_split(
     """A seeded random split into train and test sets (same on every rank for the same seed)."""
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction}")
+    n_test = max(1, round(len(ds) * test_fraction))
+    if n_test >= len(ds):
+        raise ValueError(
+            f"{len(ds)} samples leave no training data with test_fraction={test_fraction}"
+        )
     perm = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed))
-    cut = len(ds) - max(1, round(len(ds) * test_fraction))
+    cut = len(ds) - n_test
     tr, te = perm[:cut], perm[cut:]
     return (
         Dataset(ds.name, ds.x[tr], ds.y[tr], ds.num_classes),
@@ -158,10 +171,8 @@ class DataPartitioner:
     def __init__(
         self, total_size: int, world_size: int, strategy: str = "contiguous", seed: int = 0
     ):
-        if isinstance(total_size, bool) or not isinstance(total_size, int) or total_size < 0:
-            raise ValueError(f"total_size must be a non-negative integer, got {total_size!r}")
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+        total_size = _count(total_size, "total_size", 0)
+        world_size = _count(world_size, "world_size", 1)
         if strategy not in PARTITION_STRATEGIES:
             raise ValueError(
                 f"unknown strategy {strategy!r}; choose one of {', '.join(PARTITION_STRATEGIES)}"
@@ -177,7 +188,11 @@ class DataPartitioner:
         )
 
     def _check_rank(self, rank: int) -> None:
-        if not 0 <= rank < self.world_size:
+        if (
+            isinstance(rank, bool)
+            or not isinstance(rank, numbers.Integral)
+            or not 0 <= rank < self.world_size
+        ):
             raise ValueError(f"rank {rank} is outside 0..{self.world_size - 1}")
 
     def partition_size(self, rank: int) -> int:
@@ -218,8 +233,7 @@ def dirichlet_label_split(
     cover every sample exactly once.
     """
     y = np.asarray(labels)
-    if clients < 1:
-        raise ValueError(f"clients must be >= 1, got {clients}")
+    clients = _count(clients, "clients", 1)
     if alpha <= 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
     if min_size * clients > len(y):
@@ -247,8 +261,10 @@ def quantity_skew_split(
     Each client gets at least ``min_size`` samples; the rest is shared out by the
     Dirichlet proportions. Returns one index array per client over a seeded shuffle.
     """
-    if clients < 1 or alpha <= 0:
-        raise ValueError(f"need clients >= 1 and alpha > 0, got clients={clients}, alpha={alpha}")
+    clients = _count(clients, "clients", 1)
+    total_size = _count(total_size, "total_size", 0)
+    if not alpha > 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
     if min_size * clients > total_size:
         raise ValueError(
             f"{total_size} samples cannot give {clients} clients {min_size} samples each"
@@ -269,8 +285,7 @@ def balance_workload(task_costs: Sequence[float], world_size: int) -> tuple[list
     most 4/3 - 1/(3m) of the optimum. Returns ``(assignments, makespan)`` where
     ``assignments[r]`` lists the task indices of rank r.
     """
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    world_size = _count(world_size, "world_size", 1)
     costs = [float(c) for c in task_costs]
     if any(not np.isfinite(c) or c < 0 for c in costs):
         raise ValueError("task costs must be finite and non-negative")

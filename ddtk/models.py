@@ -33,7 +33,7 @@ class MLP(nn.Sequential):
 
 
 class SmallCNN(nn.Sequential):
-    """Two 3x3 convolutions and two linear layers, for 1x8x8 digits (about 30k parameters)."""
+    """Two 3x3 convolutions and two linear layers, for 1x8x8 digits (38,282 parameters at the defaults)."""
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 16, side: int = 8):
         super().__init__(

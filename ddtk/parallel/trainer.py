@@ -10,6 +10,7 @@ seeded shuffling, progress bars on rank 0, callbacks and evaluation.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -82,10 +83,10 @@ class DistributedTrainer:
         progress: bool = False,
         seed: int = 0,
     ):
-        if lr <= 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         self.ctx, self.model = ctx, model
         self.lr, self.batch_size, self.seed = lr, batch_size, seed
         self.loss_name = loss
@@ -96,6 +97,7 @@ class DistributedTrainer:
         self.step_count = 0
         self.epoch = 0
         self.last_loss = float("nan")
+        self._last_samples = 0
 
     # -- the part each strategy provides ------------------------------------------------
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -123,9 +125,10 @@ class DistributedTrainer:
             loss = self.train_step(x, y)
             self.step_count += 1
             total, seen = total + loss * len(y), seen + len(y)
-            self._emit("on_step", {"step": self.step_count, "epoch": self.epoch, "loss": loss})
+            self._emit("on_step", {"step": self.step_count, "epoch": self.epoch + 1, "loss": loss})
         self.end_epoch()
         self.last_loss = total / max(seen, 1)
+        self._last_samples = seen
         self.epoch += 1
         return {
             "epoch": self.epoch,
@@ -196,7 +199,12 @@ class DistributedTrainer:
         Each rank passes its own share; the result is the same on every rank and
         equals the metric over the concatenated data. Accuracy is NaN for regression.
         """
+        self._check_data(x, y)
         out = self.predict(x)
+        if self.loss_name == "mse" and out.shape != y.shape:
+            raise ValueError(
+                f"model outputs have shape {tuple(out.shape)} but targets {tuple(y.shape)}; they must match for mse"
+            )
         loss_sum = self.loss_fn(out, y).item() * len(y) if len(y) else 0.0
         correct = (
             float((out.argmax(1) == y).sum())
@@ -215,9 +223,11 @@ class DistributedTrainer:
         return self.last_loss
 
     def get_global_loss(self) -> float:
-        """Mean training loss over every rank's last epoch (an all-reduce; call on every rank)."""
-        t = self.ctx.all_reduce(torch.tensor([self.last_loss], dtype=torch.float64))
-        return t.item() / self.ctx.world_size
+        """Per-sample mean training loss over every rank's last epoch (one all-reduce; call on every rank)."""
+        seen = float(self._last_samples)
+        loss_sum = self.last_loss * seen if seen else 0.0
+        t = self.ctx.all_reduce(torch.tensor([loss_sum, seen], dtype=torch.float64))
+        return t[0].item() / t[1].item() if t[1].item() else float("nan")
 
     def _emit(self, hook: str, metrics: dict[str, float]) -> None:
         for cb in self.callbacks:
