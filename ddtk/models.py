@@ -80,9 +80,10 @@ def build_model(
         return MLP(input_dim, hidden_dims, num_classes)
     if name == "linear":
         return LinearModel(input_dim, num_classes)
-    if len(input_shape) != 3 or input_shape[1] != input_shape[2]:
+    if len(input_shape) != 3 or input_shape[1] != input_shape[2] or input_shape[1] < 2:
         raise ValueError(
-            f"the cnn needs a square (channels, side, side) input shape, got {tuple(input_shape)}"
+            "the cnn needs a square (channels, side, side) input shape with side >= 2, "
+            f"got {tuple(input_shape)}"
         )
     return SmallCNN(input_shape[0], num_classes, side=input_shape[1])
 
