@@ -318,3 +318,16 @@ def test_evaluate_rejects_mismatched_lengths() -> None:
     t = LocalSGD(ctx, build_model("linear", (3,), 1), loss="mse")
     with pytest.raises(ValueError, match="data and labels differ in length"):
         t.evaluate(torch.zeros(5, 3), torch.zeros(4))  # MSE broadcasts (5, 1) with (4,) silently
+
+
+def test_set_parameters_copies_the_vector() -> None:
+    ctx = SimpleNamespace(rank=0, world_size=1, all_reduce=lambda t, **kw: t.clone())
+    t = LocalSGD(ctx, build_model("linear", (3,), 2))
+    vec = torch.arange(8.0)
+    t.set_parameters(vec)
+    with torch.no_grad():
+        next(t.model.parameters()).add_(
+            100.0
+        )  # training the model must not change the caller's vector
+    assert torch.equal(vec, torch.arange(8.0))
+    assert torch.equal(t.get_parameters()[6:], torch.tensor([6.0, 7.0]))

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from ddtk.parallel.callbacks import Callback
 
@@ -173,14 +173,16 @@ class DistributedTrainer:
         return parameters_to_vector(self.model.parameters()).detach().clone()
 
     def set_parameters(self, params: torch.Tensor) -> None:
-        """Load a flat vector produced by :meth:`get_parameters`."""
+        """Copy a flat vector produced by :meth:`get_parameters` into the model (the vector is not kept)."""
         n = sum(p.numel() for p in self.model.parameters())
         if params.numel() != n:
             raise ValueError(f"expected a flat vector of {n} parameters, got {params.numel()}")
+        flat = params.detach().reshape(-1)
+        offset = 0
         with torch.no_grad():
-            vector_to_parameters(
-                params.reshape(-1).to(next(self.model.parameters()).dtype), self.model.parameters()
-            )
+            for p in self.model.parameters():
+                p.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
 
     @torch.no_grad()
     def predict(self, x: torch.Tensor) -> torch.Tensor:
