@@ -29,12 +29,12 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import json
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from ddtk.bench.report import save_figure, write_json
 
 DEFAULT_COMPRESSORS = (
     "none,topk:0.01,ef+topk:0.01,randomk:0.1,qsgd:16,int8,ef+sign,powersgd:2,ef+powersgd:2"
@@ -186,10 +186,7 @@ def plot(rows: list[dict], path: str) -> None:
            title=f"compression vs accuracy, {dense['world_size']} ranks, {dense['steps']} steps")  # fmt: skip
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -239,9 +236,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{r['compressor']}: {r['ratio']:.1f}x fewer bytes, accuracy "
                           f"{r['accuracy_delta_pp']:+.2f} pp vs dense (target: within 1 pp)")  # fmt: skip
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        record = {"environment": env, "args": vars(args) | {"func": None}, "rows": rows}
-        Path(args.json).write_text(json.dumps(record, indent=1))
+        write_json(args.json, env, args, rows)
     if args.plot:
         plot(rows, args.plot)
     return 0

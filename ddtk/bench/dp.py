@@ -25,13 +25,13 @@ drops for every contender alike.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from ddtk.bench.report import save_figure, write_json
 
 VARIANTS = ("ddp", "ddtk", "ddtk-no-overlap")
 
@@ -179,10 +179,7 @@ def plot(rows: list[dict], path: str) -> None:
         ax.plot(ns, [n * one[0] for n in ns], "k:", label="ideal (n x 1-rank DDP)")
     ax.set(xlabel="ranks", ylabel="samples / s", title="DataParallel vs DDP")
     ax.legend()
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -248,12 +245,7 @@ def _run(args: argparse.Namespace) -> int:
                 f"ddtk / DDP throughput at {r['world_size']} ranks: {r['vs_ddp']:.2f}x (target >= 0.90)"
             )
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(
-            json.dumps(
-                {"environment": env, "args": vars(args) | {"func": None}, "rows": rows}, indent=1
-            )
-        )
+        write_json(args.json, env, args, rows)
     if args.plot:
         plot(rows, args.plot)
     return 0

@@ -103,6 +103,27 @@ def summary(rows: list[dict]) -> dict[str, object]:
     }
 
 
+def save_figure(fig, path: str) -> None:
+    """Lay out, write as PNG (creating the folder) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_json(path: str, env: dict, args: argparse.Namespace, rows: list[dict]) -> None:
+    """Write a benchmark's rows with the environment and the command-line arguments they came from."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "environment": env,
+        "args": {k: v for k, v in vars(args).items() if k != "func"},
+        "rows": rows,
+    }
+    Path(path).write_text(json.dumps(record, indent=1, default=str))
+
+
 def plot(rows: list[dict], path: str) -> None:
     import matplotlib
 
@@ -133,9 +154,7 @@ def plot(rows: list[dict], path: str) -> None:
         ax.set_title(f"all_reduce, {n} ranks")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run_collectives(

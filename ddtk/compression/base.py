@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["CompressionStats", "Compressor", "Exchanged", "NoCompression", "Payload"]
+__all__ = ["CompressionStats", "Compressor", "Exchanged", "KSparsifier", "NoCompression", "Payload"]
 
 
 @dataclass
@@ -229,6 +229,28 @@ def positive_int(value: Any, name: str) -> int:
 def index_dtype(n: int) -> torch.dtype:
     """int32 indices while they fit (4 bytes each), int64 beyond 2**31 - 1 elements."""
     return torch.int32 if n <= torch.iinfo(torch.int32).max else torch.int64
+
+
+class KSparsifier(Compressor):
+    """Base of the compressors that keep ``k`` entries, given as a count or a fraction (top-k, random-k)."""
+
+    prefix = "k"
+
+    def __init__(self, ratio: float | None = None, k: int | None = None, seed: int = 0):
+        super().__init__(seed)
+        if (ratio is None) == (k is None):
+            raise ValueError("give exactly one of ratio (fraction kept, in (0, 1]) or k (count)")
+        if ratio is not None and not (isinstance(ratio, (int, float)) and 0 < ratio <= 1):
+            raise ValueError(f"ratio must be a fraction in (0, 1], got {ratio!r}")
+        self.ratio = None if ratio is None else float(ratio)
+        self.k = None if k is None else positive_int(k, "k")
+        self.name = f"{self.prefix}:{self.ratio}" if self.k is None else f"{self.prefix}:{self.k}"
+
+    def k_for(self, n: int) -> int:
+        """How many entries are kept of a tensor of ``n`` elements."""
+        if self.k is not None:
+            return min(self.k, n)
+        return min(n, max(1, math.ceil(self.ratio * n)))  # type: ignore[operator]
 
 
 class NoCompression(Compressor):

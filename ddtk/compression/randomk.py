@@ -20,17 +20,16 @@ summed coordinate by coordinate: :meth:`RandomK.exchange` uses ``ctx.all_reduce`
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
-from ddtk.compression.base import Compressor, Exchanged, Payload, positive_int
+from ddtk.compression.base import Exchanged, KSparsifier, Payload
 
 __all__ = ["RandomK"]
 
 
-class RandomK(Compressor):
+class RandomK(KSparsifier):
     """Keep ``k`` (or ``ceil(ratio * n)``) random entries, the same on every rank; unbiased.
 
     >>> import ddtk, torch
@@ -41,21 +40,7 @@ class RandomK(Compressor):
     >>> out, nbytes = ddtk.launch(work, world_size=2)[0]   # two entries of 3.0 (1.5 * 4/2), 8 bytes
     """
 
-    def __init__(self, ratio: float | None = None, k: int | None = None, seed: int = 0):
-        super().__init__(seed)
-        if (ratio is None) == (k is None):
-            raise ValueError("give exactly one of ratio (fraction kept, in (0, 1]) or k (count)")
-        if ratio is not None and not (isinstance(ratio, (int, float)) and 0 < ratio <= 1):
-            raise ValueError(f"ratio must be a fraction in (0, 1], got {ratio!r}")
-        self.ratio = None if ratio is None else float(ratio)
-        self.k = None if k is None else positive_int(k, "k")
-        self.name = f"randomk:{self.ratio}" if self.k is None else f"randomk:{self.k}"
-
-    def k_for(self, n: int) -> int:
-        """How many entries are kept of a tensor of ``n`` elements."""
-        if self.k is not None:
-            return min(self.k, n)
-        return min(n, max(1, math.ceil(self.ratio * n)))  # type: ignore[operator]
+    prefix = "randomk"
 
     def compress(self, tensor: torch.Tensor, key: int = 0) -> Payload:
         self._check(tensor)

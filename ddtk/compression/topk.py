@@ -19,16 +19,14 @@ Each rank keeps different indices, so payloads are all-gathered, not summed.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ddtk.compression.base import Compressor, Payload, index_dtype, positive_int
+from ddtk.compression.base import KSparsifier, Payload, index_dtype
 
 __all__ = ["TopK"]
 
 
-class TopK(Compressor):
+class TopK(KSparsifier):
     """Keep the ``k`` (or ``ceil(ratio * n)``) largest-magnitude entries, zero elsewhere.
 
     >>> import ddtk, torch
@@ -40,21 +38,7 @@ class TopK(Compressor):
     tensor([0.0000, 0.0000, 0.0000, 3.5000, 4.5000])
     """
 
-    def __init__(self, ratio: float | None = None, k: int | None = None, seed: int = 0):
-        super().__init__(seed)
-        if (ratio is None) == (k is None):
-            raise ValueError("give exactly one of ratio (fraction kept, in (0, 1]) or k (count)")
-        if ratio is not None and not (isinstance(ratio, (int, float)) and 0 < ratio <= 1):
-            raise ValueError(f"ratio must be a fraction in (0, 1], got {ratio!r}")
-        self.ratio = None if ratio is None else float(ratio)
-        self.k = None if k is None else positive_int(k, "k")
-        self.name = f"topk:{self.ratio}" if self.k is None else f"topk:{self.k}"
-
-    def k_for(self, n: int) -> int:
-        """How many entries are kept of a tensor of ``n`` elements."""
-        if self.k is not None:
-            return min(self.k, n)
-        return min(n, max(1, math.ceil(self.ratio * n)))  # type: ignore[operator]
+    prefix = "topk"
 
     def compress(self, tensor: torch.Tensor, key: int = 0) -> Payload:
         self._check(tensor)
