@@ -116,19 +116,17 @@ class DistributedKMeans:
     ``cluster_sizes`` (global), ``n_iter``, ``converged`` and ``history`` (one metrics
     dict per iteration).
 
-    Example::
-
-        import ddtk
-        from ddtk.data import DataPartitioner, load_dataset
-        from ddtk.parallel.kmeans import DistributedKMeans
-
-        def work(ctx):
-            ds = load_dataset("synthetic_classification", n=600, seed=0)
-            idx = DataPartitioner(len(ds), ctx.world_size).get_indices(ctx.rank)
-            km = DistributedKMeans(ctx, n_clusters=4, max_iterations=50).fit(ds.x[idx])
-            return km.get_centroids(), km.inertia, km.n_iter
-
-        results = ddtk.launch(work, world_size=3)  # identical centroids on every rank
+    >>> import ddtk, torch
+    >>> from ddtk.data import DataPartitioner, load_dataset
+    >>> from ddtk.parallel.kmeans import DistributedKMeans
+    >>> def work(ctx):
+    ...     ds = load_dataset("synthetic_classification", n=600, seed=0)
+    ...     idx = DataPartitioner(len(ds), ctx.world_size).get_indices(ctx.rank)
+    ...     km = DistributedKMeans(ctx, n_clusters=4, max_iterations=50).fit(ds.x[idx])
+    ...     return km.get_centroids()
+    >>> results = ddtk.launch(work, world_size=3, echo=False)
+    >>> all(torch.equal(c, results[0]) for c in results)   # identical centroids on every rank
+    True
     """
 
     def __init__(

@@ -4,7 +4,7 @@
 >>> from ddtk.viz.live import LivePlot
 >>> live = LivePlot(["loss", "accuracy"])            # one panel per metric
 >>> results = ddtk.launch(train, 2, on_report=live)  # doctest: +SKIP
->>> live.close()                                     # the final figure stays in the output
+>>> figure = live.close()   # the final figure: redrawn in a notebook, returned elsewhere
 
 The ranks send metrics with ``ctx.report({...})`` (or the
 :class:`~ddtk.parallel.callbacks.Report` callback); :func:`ddtk.launch` calls
