@@ -1,0 +1,44 @@
+"""The runnable examples in the docstrings of the strategies, compressors and shared pieces.
+
+Each example is what a reader copies first, so each one runs here, on real ranks
+where it launches them, and its printed results are checked by doctest.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "ddtk.data",
+    "ddtk.models",
+    "ddtk.viz.live",
+    "ddtk.parallel.data_parallel",
+    "ddtk.parallel.parameter_server",
+    "ddtk.parallel.federated",
+    "ddtk.parallel.local_sgd",
+    "ddtk.parallel.elastic",
+    "ddtk.parallel.decentralized",
+    "ddtk.parallel.kmeans",
+    "ddtk.compression",
+    "ddtk.compression.base",
+    "ddtk.compression.topk",
+    "ddtk.compression.randomk",
+    "ddtk.compression.qsgd",
+    "ddtk.compression.int8",
+    "ddtk.compression.sign",
+    "ddtk.compression.powersgd",
+    "ddtk.compression.error_feedback",
+]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name: str) -> None:
+    module = importlib.import_module(name)
+    flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    result = doctest.testmod(module, optionflags=flags, verbose=False, report=True)
+    assert result.attempted > 0, f"{name} has no runnable example"
+    assert result.failed == 0, f"{result.failed} example(s) of {name} failed (doctest output above)"
