@@ -17,7 +17,16 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["MLP", "MODELS", "LinearModel", "SmallCNN", "build_model", "count_parameters"]
+__all__ = [
+    "MLP",
+    "MODELS",
+    "LinearModel",
+    "SmallCNN",
+    "TinyTransformer",
+    "TransformerBlock",
+    "build_model",
+    "count_parameters",
+]
 
 
 class MLP(nn.Sequential):
@@ -91,3 +100,86 @@ def build_model(
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable scalars."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+class TransformerBlock(nn.Module):
+    """A pre-LayerNorm GPT block: ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``.
+
+    Attention is written out (``softmax(q k^T / sqrt(d) + causal) v``) rather than
+    calling a fused kernel, so the tensors it keeps for backward are the ones the
+    activation-memory formula of Korthikanti et al. (2022) counts; see
+    :mod:`ddtk.memory.calculator`.
+    """
+
+    def __init__(self, hidden: int, heads: int, ffn_mult: int = 4):
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, ffn_mult * hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(ffn_mult * hidden, hidden)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        """Causal multi-head self-attention of a ``(batch, seq, hidden)`` tensor."""
+        b, s, h = x.shape
+        d = h // self.heads
+        # contiguous copies: backward then keeps q, k and v (3 sbh), whatever the batch size,
+        # rather than sometimes a view of the whole QKV output
+        q, k, v = (
+            t.contiguous() for t in self.qkv(x).view(b, s, 3, self.heads, d).permute(2, 0, 3, 1, 4)
+        )
+        scores = (q * d**-0.5) @ k.transpose(-2, -1)
+        causal = torch.full((s, s), float("-inf"), dtype=scores.dtype, device=x.device).triu(1)
+        probs = (scores + causal).softmax(-1)
+        out = (probs @ v).transpose(1, 2).reshape(b, s, h)
+        return self.proj(out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.ln1(x))
+        return x + self.fc2(self.act(self.fc1(self.ln2(x))))
+
+
+class TinyTransformer(nn.Module):
+    """A GPT-like language model: token and learned position embeddings, pre-LN blocks, LM head.
+
+    ``forward(tokens)`` maps ``(batch, seq)`` token ids to ``(batch, seq, vocab)`` logits.
+    The head is not tied to the embedding, so the parameter count is
+    ``2*vocab*hidden + seq_len*hidden + 2*hidden + layers*((4 + 2*ffn_mult)*hidden**2 + (9 + ffn_mult)*hidden)``.
+
+    >>> model = TinyTransformer(vocab=64, seq_len=16, hidden=32, heads=4, layers=2)
+    >>> count_parameters(model)
+    30080
+    >>> model(torch.zeros(3, 16, dtype=torch.long)).shape
+    torch.Size([3, 16, 64])
+    """
+
+    def __init__(
+        self, vocab: int, seq_len: int, hidden: int, heads: int, layers: int, ffn_mult: int = 4
+    ):
+        super().__init__()
+        for name, value in (("vocab", vocab), ("seq_len", seq_len), ("hidden", hidden),
+                            ("heads", heads), ("layers", layers), ("ffn_mult", ffn_mult)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.seq_len = seq_len
+        self.tok_emb = nn.Embedding(vocab, hidden)
+        self.pos_emb = nn.Parameter(torch.randn(seq_len, hidden) * 0.02)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(hidden, heads, ffn_mult) for _ in range(layers)
+        )
+        self.ln_f = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        s = tokens.shape[-1]
+        if s > self.seq_len:
+            raise ValueError(f"sequence of {s} tokens is longer than seq_len={self.seq_len}")
+        x = self.tok_emb(tokens) + self.pos_emb[:s]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
