@@ -36,10 +36,15 @@ lint: venv ## ruff, and notebook hygiene (no outputs, labs up to date, parameter
 	$(BIN)/ruff check .
 	$(BIN)/ddtk course check
 
-bench: venv ## benchmarks against their peers: collectives, DataParallel vs DDP, compression (JSON + PNG in build/bench/)
+bench: venv ## every benchmark, each against its peer or formula (JSON + PNG in build/bench/)
 	$(BIN)/ddtk bench collectives --json build/bench/collectives.json --plot build/bench/collectives.png
 	$(BIN)/ddtk bench dp --json build/bench/dp.json --plot build/bench/dp.png
 	$(BIN)/ddtk bench compression --json build/bench/compression.json --plot build/bench/compression.png
+	$(BIN)/ddtk bench tp --json build/bench/tp.json --plot build/bench/tp.png
+	$(BIN)/ddtk bench pipeline --json build/bench/pipeline.json --plot build/bench/pipeline.png
+	$(BIN)/ddtk bench zero --json build/bench/zero.json --plot build/bench/zero.png
+	$(BIN)/ddtk bench precision --json build/bench/precision.json --plot build/bench/precision.png
+	$(BIN)/ddtk bench memory --json build/bench/memory.json --plot build/bench/memory.png
 
 lock: venv ## rewrite requirements.lock and environment.yml from .venv
 	$(BIN)/python scripts/lock.py

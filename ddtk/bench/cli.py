@@ -43,10 +43,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--no-launch-overhead", action="store_true", help="skip measuring ddtk.launch start-up"
     )
     p.set_defaults(func=_run_collectives)
-    from ddtk.bench import compression, dp
+    from ddtk.bench import compression, dp, memory, pipeline, precision, tp, zero
 
-    dp.register(sub)
-    compression.register(sub)
+    for module in (dp, compression, tp, pipeline, zero, precision, memory):
+        module.register(sub)
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
 
 
