@@ -49,6 +49,12 @@ MODULES = [
     "ddtk.memory.activation_checkpointing",
     "ddtk.parallel.accumulation",
     "ddtk.parallel.dynamic_batching",
+    "ddtk.checkpoint",
+    "ddtk.checkpoint.atomic",
+    "ddtk.checkpoint.manifest",
+    "ddtk.checkpoint.state",
+    "ddtk.checkpoint.store",
+    "ddtk.checkpoint.retention",
 ]
 
 
