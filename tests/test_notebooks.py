@@ -27,3 +27,20 @@ def test_lecture_01_runs_with_three_ranks(tmp_path) -> None:
     )  # fmt: skip
     assert "world_size = 3" in "".join("".join(c["source"]) for c in executed["cells"])
     assert "[rank 2]" in text or "rank 2" in text
+
+
+def test_lecture_05_runs_with_three_ranks_and_fp16(tmp_path) -> None:
+    nb = catalog.find("05")
+    small = {"world_size": 3, "dtype": "fp16", "epochs": 1, "scaler_steps": 20,
+             "bench_steps": 4, "matmul_sizes": [128], "batch_sizes": [16, 256]}  # fmt: skip
+    result = run_notebook(nb.file, small, out_dir=tmp_path, timeout=300)
+    assert result.ok, result.failure.describe() if result.failure else result.status
+    executed = json.loads(result.output.read_text())
+    text = "".join(
+        "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+        for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
+    )  # fmt: skip
+    assert "autocast dtype=fp16" in text
+    assert "scales equal at every step: True" in text
+    assert "rank 2: skipped" in text  # the distributed demo ran on three ranks
+    assert "fp16 autocast + loss scaler" in text
