@@ -244,6 +244,7 @@ def launch(
     validate: bool = True,
     echo: bool = True,
     on_report: Callable[[int, Any], None] | None = None,
+    op_timeout: float | None = None,
 ) -> list[Any]:
     """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` local ranks; return the per-rank results.
 
@@ -259,6 +260,9 @@ def launch(
         echo: forward the ranks' stdout and stderr here, prefixed by ``[rank r]``.
         on_report: called here as ``on_report(rank, value)`` for every ``ctx.report(value)``
             a rank makes, while the ranks run: live plots and progress in a notebook.
+        op_timeout: seconds a send, receive or collective may make no progress before it
+            raises :class:`~ddtk.comm.transport.CollectiveTimeoutError` naming the missing
+            rank (sets ``DDTK_OP_TIMEOUT`` in the ranks); None leaves hangs to ``timeout``.
 
     Raises:
         RankError: a rank raised or died; carries its rank number and traceback.
@@ -268,6 +272,12 @@ def launch(
     import torch.distributed as dist
 
     backend = _validate(fn, world_size, backend, timeout, threads)
+    if op_timeout is not None and (
+        isinstance(op_timeout, bool) or not isinstance(op_timeout, (int, float)) or op_timeout <= 0
+    ):
+        raise ValueError(
+            f"op_timeout must be a positive number of seconds or None, got {op_timeout!r}"
+        )
     limit = 10 * 365 * 86400.0 if timeout is None else float(timeout)
     store = dist.TCPStore(
         "127.0.0.1",
@@ -286,7 +296,10 @@ def launch(
     sel = selectors.DefaultSelector()
     try:
         for rank in range(world_size):
-            r = _spawn(rank, job, _child_env(rank, world_size, store.port, threads), echo)
+            env = _child_env(rank, world_size, store.port, threads)
+            if op_timeout is not None:
+                env["DDTK_OP_TIMEOUT"] = str(float(op_timeout))
+            r = _spawn(rank, job, env, echo)
             ranks.append(r)
             sel.register(r.result_fd, selectors.EVENT_READ, r)
         return _collect(ranks, sel, time.monotonic() + limit, timeout, store, on_report)

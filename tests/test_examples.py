@@ -55,6 +55,8 @@ MODULES = [
     "ddtk.checkpoint.state",
     "ddtk.checkpoint.store",
     "ddtk.checkpoint.retention",
+    "ddtk.faults",
+    "ddtk.faults.injectors",
 ]
 
 

@@ -7,13 +7,21 @@ its arguments, validates that all ranks agree (see :mod:`ddtk.comm.validation`),
 times every collective into :attr:`stats`, and never modifies its inputs.
 
 Results live on :attr:`device` (``cpu`` with gloo, ``cuda:<local rank>`` with NCCL).
+
+``op_timeout`` (seconds; default: the ``DDTK_OP_TIMEOUT`` environment variable,
+else none) turns a hang into an error: a receive or collective that makes no
+progress for that long raises :class:`CollectiveTimeoutError` naming the
+collective, this rank and the rank(s) it waited for; a peer that dies mid-way
+gives :class:`PeerLostError`. After either, the group is broken (gloo closes the
+connection): end the run and resume from the last checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +33,17 @@ from ddtk.comm import hierarchical, naive, recursive_doubling, reference, ring, 
 from ddtk.comm import validation as _validation
 from ddtk.comm.ops import ReduceOp, check_op_dtype
 from ddtk.comm.stats import CommStats
-from ddtk.comm.transport import DTYPE_CODE, DTYPES, USER_TAG_LIMIT, Message, Transport, Work
+from ddtk.comm.transport import (
+    DTYPE_CODE,
+    DTYPES,
+    USER_TAG_LIMIT,
+    CommunicationError,
+    Message,
+    Transport,
+    Work,
+)
+
+OP_TIMEOUT_ENV = "DDTK_OP_TIMEOUT"
 
 _MAX_PENDING_SENDS = 256
 
@@ -52,6 +70,20 @@ def _env_int(*names: str) -> int | None:
         if value not in (None, ""):
             return int(value)
     return None
+
+
+def op_timeout_from_env() -> float | None:
+    """The per-operation timeout in :data:`OP_TIMEOUT_ENV` (seconds), or None when unset."""
+    value = os.environ.get(OP_TIMEOUT_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{OP_TIMEOUT_ENV} must be a number of seconds, got {value!r}") from None
+    if not seconds > 0:
+        raise ValueError(f"{OP_TIMEOUT_ENV} must be > 0 seconds, got {value!r}")
+    return seconds
 
 
 def resolve_backend(backend: str, local_world_size: int) -> str:
@@ -81,14 +113,24 @@ class DistributedContext:
         backend: str,
         device: torch.device | str,
         validate: bool = True,
+        op_timeout: float | None = None,
     ):
+        if op_timeout is None:
+            op_timeout = op_timeout_from_env()
+        elif isinstance(op_timeout, bool) or not isinstance(op_timeout, (int, float)):
+            raise TypeError(f"op_timeout must be a number of seconds, got {op_timeout!r}")
+        elif not op_timeout > 0:
+            raise ValueError(f"op_timeout must be > 0 seconds, got {op_timeout!r}")
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
         self.device = torch.device(device)
         self.validate = validate
+        self.op_timeout = None if op_timeout is None else float(op_timeout)
         self.stats = CommStats()
-        self._comm = Transport(rank, world_size, self.device, self.stats)
+        self._comm = Transport(rank, world_size, self.device, self.stats, self.op_timeout)
+        if self.op_timeout is not None and dist.is_initialized():
+            _set_group_timeout(self.op_timeout)  # torch's own collectives (argument check, "torch")
         self._all = list(range(world_size))
         self._pending: list[tuple[int, int, Work]] = []  # (dst, tag, work) of sends in flight
         self.reporter: Callable[[Any], None] | None = (
@@ -107,14 +149,19 @@ class DistributedContext:
     # -- construction ----------------------------------------------------------------
     @classmethod
     def from_env(
-        cls, backend: str = "auto", validate: bool = True, timeout: float = 1800.0
+        cls,
+        backend: str = "auto",
+        validate: bool = True,
+        timeout: float = 1800.0,
+        op_timeout: float | None = None,
     ) -> DistributedContext:
         """Wrap the process group that a launcher set up, initialising it if needed.
 
         Works under ``torchrun`` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT),
         inside a Ray Train worker (the group is already initialised), under SLURM
         (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, with MASTER_ADDR/PORT exported
-        by the batch script) and under :func:`ddtk.launch`.
+        by the batch script) and under :func:`ddtk.launch`. ``op_timeout`` defaults to
+        the ``DDTK_OP_TIMEOUT`` environment variable (see the module docstring).
         """
         local_size = _env_int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE") or 1
         local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID") or 0
@@ -137,7 +184,7 @@ class DistributedContext:
             if backend == "nccl"
             else torch.device("cpu")
         )
-        return cls(dist.get_rank(), dist.get_world_size(), backend, device, validate)
+        return cls(dist.get_rank(), dist.get_world_size(), backend, device, validate, op_timeout)
 
     @property
     def is_master(self) -> bool:
@@ -157,6 +204,7 @@ class DistributedContext:
         """
         self._check_peer(dst, "dst")
         self._check_tag(tag)
+        self._comm.op = "send"
         if len(self._pending) >= _MAX_PENDING_SENDS:  # bound the memory held by queued messages
             for _, _, w in self._pending[: _MAX_PENDING_SENDS // 2]:
                 w.wait()
@@ -196,6 +244,7 @@ class DistributedContext:
                 "recv(src=None) is not supported with NCCL, which has no receive-from-any; give src"
             )
         self._check_tag(tag)
+        self._comm.op = "recv"
         return self._comm.recv_any(src, tag)
 
     # -- collectives -----------------------------------------------------------------
@@ -284,7 +333,10 @@ class DistributedContext:
         extra = {"group_size": group_size} if algorithm == "hierarchical" else {}
         with self._collective("all_reduce", tensor, op=op, algorithm=algorithm, **extra):
             if algorithm == "torch":
-                return reference.all_reduce(tensor, op, self.world_size, self.device, self.backend)
+                with self._watched("torch.distributed.all_reduce"):
+                    return reference.all_reduce(
+                        tensor, op, self.world_size, self.device, self.backend
+                    )
             if algorithm == "hierarchical":
                 return hierarchical.all_reduce(self._comm, self._all, tensor, op, group_size)
             return _P2P_ALL_REDUCE[algorithm](self._comm, self._all, tensor, op)
@@ -309,10 +361,25 @@ class DistributedContext:
         }
         if tensor is not None:
             desc.update(dtype=str(tensor.dtype), shape=tuple(tensor.shape))
-        if self.validate:
-            _validation.check(desc, self.world_size, self.device)
         label = f"{name}[{fields['algorithm']}]" if "algorithm" in fields else name
+        self._comm.op = label  # names the operation in timeout errors
+        self._comm.seq += 1
+        if self.validate:
+            with self._watched("argument check"):
+                _validation.check(desc, self.world_size, self.device)
         return self.stats.timed(label)
+
+    @contextlib.contextmanager
+    def _watched(self, phase: str) -> Iterator[None]:
+        """Turn a torch.distributed failure inside the block into a CommunicationError (with op_timeout)."""
+        try:
+            yield
+        except (CommunicationError, _validation.CollectiveMismatchError):
+            raise
+        except RuntimeError as exc:
+            if self.op_timeout is None:
+                raise
+            raise self._comm.failure(self._comm.op, self._comm.seq, [], exc, phase) from exc
 
     def _check_tensor(self, tensor: Any, what: str) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -378,6 +445,12 @@ def _recv_meta(ctx: DistributedContext, root: int, tag: int) -> torch.Tensor:
     shape = torch.empty(ndim, dtype=torch.int64, device=ctx.device)
     tree.broadcast_(ctx._comm, ctx._all, shape, root, tag + 1)
     return torch.empty([int(s) for s in shape.tolist()], dtype=DTYPES[code], device=ctx.device)
+
+
+def _set_group_timeout(seconds: float) -> None:
+    """Make torch.distributed's own collectives on the default group give up after ``seconds``."""
+    with contextlib.suppress(AttributeError, RuntimeError, ValueError):
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
 
 
 def _init_group(

@@ -12,12 +12,25 @@ same tag are delivered in order, which is what makes back-to-back collectives sa
 
 Self-describing messages (:meth:`send_tensor`, :meth:`send_object`) carry a small
 int64 header first, so the receiver can allocate the right buffer.
+
+A hang becomes an error. With an ``op_timeout`` every send and receive is
+*watched*: a wait that makes no progress for ``op_timeout`` seconds raises
+:class:`CollectiveTimeoutError`, and a lost connection :class:`PeerLostError`,
+both naming the operation (``all_reduce[ring]``), this rank and the peer it was
+waiting for. Before raising, the rank leaves a note in the rendezvous store and
+reads its peers' notes, so the error also names the ranks that never reached
+the operation: in a ring, rank 1 waits for rank 0, but the culprit is the hung
+rank 2 that rank 0 waits for. Without ``op_timeout`` the works are gloo's own,
+untouched, and nothing costs more than before.
 """
 
 from __future__ import annotations
 
 import pickle
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
@@ -43,6 +56,30 @@ DTYPES: tuple[torch.dtype, ...] = (
 DTYPE_CODE = {dt: i for i, dt in enumerate(DTYPES)}
 
 
+class CommunicationError(RuntimeError):
+    """A send, receive or collective failed: names the operation, this rank and the peers.
+
+    ``op`` is the operation (``"all_reduce[ring]"``, ``"recv"``), ``rank`` this rank,
+    ``peers`` the ranks it was directly waiting for (empty if unknown) and
+    ``missing`` the ranks that, as far as the rendezvous store tells, never reached
+    the operation (hung, dead or running other code).
+    """
+
+    def __init__(
+        self, message: str, op: str, rank: int, peers: list[int], missing: list[int]
+    ) -> None:
+        super().__init__(message)
+        self.op, self.rank, self.peers, self.missing = op, rank, peers, missing
+
+
+class CollectiveTimeoutError(CommunicationError, TimeoutError):
+    """An operation made no progress for ``op_timeout`` seconds (a hung or very slow peer)."""
+
+
+class PeerLostError(CommunicationError, ConnectionError):
+    """The connection to a peer closed in the middle of an operation (a dead peer)."""
+
+
 class Work(Protocol):
     """What an asynchronous send or receive returns."""
 
@@ -54,6 +91,29 @@ class _Done:
 
     def wait(self, timeout: Any = None) -> bool:
         return True
+
+
+class _Watched:
+    """A gloo work whose argument-less :meth:`wait` gives up after the transport's ``op_timeout``."""
+
+    __slots__ = ("_comm", "_op", "_peer", "_seq", "_work")
+
+    def __init__(self, work: Any, comm: Transport, peer: int | None) -> None:
+        self._work, self._comm, self._peer = work, comm, peer
+        self._op, self._seq = comm.op, comm.seq
+
+    def wait(self, timeout: Any = None) -> Any:
+        """Wait; an explicit ``timeout`` keeps gloo's own behaviour (used by ``ctx.flush``)."""
+        if timeout is not None:
+            return self._work.wait(timeout)
+        try:
+            return self._work.wait(self._comm.op_timeout)
+        except RuntimeError as exc:
+            peers = [] if self._peer is None else [self._peer]
+            raise self._comm.failure(self._op, self._seq, peers, exc) from exc
+
+    def _source_rank(self) -> int:
+        return self._work._source_rank()
 
 
 @dataclass(frozen=True)
@@ -68,13 +128,55 @@ class Message:
 class Transport:
     """Counts, tags and sends tensors between the ranks of one process group."""
 
-    def __init__(self, rank: int, world_size: int, device: torch.device, stats: CommStats):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        stats: CommStats,
+        op_timeout: float | None = None,
+    ):
         self.rank = rank
         self.world_size = world_size
         self.device = device
         self.stats = stats
         self._block = 0
         self._workspace: dict[torch.dtype, torch.Tensor] = {}
+        self.op_timeout_s = op_timeout
+        self.op_timeout = None if op_timeout is None else timedelta(seconds=op_timeout)
+        self.op = "send/recv"  # the operation running now; set by the context
+        self.seq = 0  # how many collectives this rank has started
+
+    # -- failures --------------------------------------------------------------------
+    def failure(
+        self, op: str, seq: int, peers: list[int], exc: BaseException, phase: str = ""
+    ) -> CommunicationError:
+        """Turn a failed wait into an error naming the operation, the peers and the missing ranks."""
+        text = str(exc).split("] ", 1)[-1]  # drop gloo's source-file prefix
+        timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+        grace = min(5.0, max(0.5, self.op_timeout_s / 2)) if timed_out else 0.5
+        notes = _exchange_notes(self, f"{op}#{seq}", grace)
+        missing = sorted(r for r in range(self.world_size) if r != self.rank and r not in notes)
+        where = f"{op}{f' ({phase})' if phase else ''}"
+        waiting = (
+            f"waiting for rank {', '.join(map(str, peers))}" if peers else "waiting for its peers"
+        )
+        if timed_out:
+            head = f"rank {self.rank}: {where} made no progress for {self.op_timeout_s} s {waiting}"
+        else:
+            head = f"rank {self.rank}: {where} lost its connection {waiting}"
+        lines = [head + "."]
+        if missing:
+            lines.append(
+                f"Rank(s) {', '.join(map(str, missing))} did not report being in {op} (call "
+                f"#{seq} on this rank): hung, dead, or elsewhere in the program."
+            )
+        other = {r: n for r, n in notes.items() if n != f"{op}#{seq}"}
+        for r, note in sorted(other.items()):
+            lines.append(f"Rank {r} is stuck in {note.replace('#', ' (call #')})")
+        lines.append(f"Cause: {text}")
+        cls = CollectiveTimeoutError if timed_out else PeerLostError
+        return cls(" ".join(lines), op, self.rank, peers, missing)
 
     # -- raw tensors -----------------------------------------------------------------
     def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
@@ -82,14 +184,25 @@ class Transport:
         if tensor.numel() == 0:
             return _Done()
         self.stats.record_send(tensor.numel() * tensor.element_size())
-        return dist.isend(tensor, dst, tag=tag)
+        if self.op_timeout is None:
+            return dist.isend(tensor, dst, tag=tag)
+        return self._watched(dist.isend, tensor, dst, tag)
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
         """Start receiving into a contiguous tensor; zero-byte tensors expect no message."""
         if tensor.numel() == 0:
             return _Done()
         self.stats.record_recv(tensor.numel() * tensor.element_size())
-        return dist.irecv(tensor, src, tag=tag)
+        if self.op_timeout is None:
+            return dist.irecv(tensor, src, tag=tag)
+        return self._watched(dist.irecv, tensor, src, tag)
+
+    def _watched(self, start: Callable, tensor: torch.Tensor, peer: int | None, tag: int) -> Work:
+        """Start a send or receive whose failures, even at the start, name the op and the peer."""
+        try:
+            return _Watched(start(tensor, peer, tag=tag), self, peer)
+        except RuntimeError as exc:  # the connection was already closed
+            raise self.failure(self.op, self.seq, [] if peer is None else [peer], exc) from exc
 
     def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, tag: int) -> None:
         """Send ``send`` to ``peer`` and receive ``recv`` from it at the same time."""
@@ -166,6 +279,10 @@ class Transport:
 
     def _recv_header(self, header: torch.Tensor, src: int | None, tag: int) -> int:
         self.stats.record_recv(header.numel() * header.element_size())
+        if self.op_timeout is not None:  # a watched receive, from ``src`` or from anyone
+            work = self._watched(dist.irecv, header, src, tag)
+            work.wait()
+            return src if src is not None else int(work._source_rank())
         if src is None:
             return int(dist.recv(header, None, tag=tag))
         dist.recv(header, src, tag=tag)
@@ -178,3 +295,39 @@ class Transport:
         header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
         header[: len(values)] = torch.tensor(values, dtype=torch.int64)
         return header.to(self.device)
+
+
+_NOTE_KEY = "ddtk/stuck/{}"
+
+
+def _default_store() -> Any:
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
+def _exchange_notes(comm: Transport, note: str, grace: float) -> dict[int, str]:
+    """Say in the rendezvous store where this rank is stuck; return the notes of the other ranks.
+
+    Only runs on the failure path. It waits up to ``grace`` seconds (half the
+    op_timeout, between 0.5 and 5 s, after a timeout; 0.5 s after a lost
+    connection, which the peers see at once) for the peers that also fail to
+    leave their notes; the ranks with no note never reached the operation.
+    """
+    store = _default_store()
+    if store is None or comm.world_size == 1:
+        return {}
+    others = [r for r in range(comm.world_size) if r != comm.rank]
+    try:
+        store.set(_NOTE_KEY.format(comm.rank), note)
+        deadline = time.monotonic() + grace
+        present: list[int] = []
+        while time.monotonic() < deadline:
+            present = [r for r in others if store.check([_NOTE_KEY.format(r)])]
+            if len(present) == len(others):
+                break
+            time.sleep(0.05)
+        return {r: store.get(_NOTE_KEY.format(r)).decode() for r in present}
+    except Exception:  # the store itself is gone: say what this rank knows
+        return {}

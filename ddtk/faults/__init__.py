@@ -1,0 +1,49 @@
+"""Fault injection: break ranks and files on purpose, and turn hangs into errors.
+
+The per-operation timeout lives in the communication layer
+(``DistributedContext(op_timeout=...)`` or the ``DDTK_OP_TIMEOUT`` environment
+variable, which :func:`ddtk.launch` passes on to its ranks); its errors are
+re-exported here. The injectors are in :mod:`ddtk.faults.injectors`.
+
+>>> from ddtk.faults import CollectiveTimeoutError
+>>> issubclass(CollectiveTimeoutError, TimeoutError)
+True
+"""
+
+from ddtk.comm.context import OP_TIMEOUT_ENV
+from ddtk.comm.transport import CollectiveTimeoutError, CommunicationError, PeerLostError
+from ddtk.faults.injectors import (
+    FaultPlan,
+    Hang,
+    Injector,
+    KillAtStep,
+    RaiseAtStep,
+    Straggler,
+    corrupt_file,
+    crash_during,
+    hang,
+    kill_at_step,
+    raise_at_step,
+    straggler,
+    truncate_file,
+)
+
+__all__ = [
+    "OP_TIMEOUT_ENV",
+    "CollectiveTimeoutError",
+    "CommunicationError",
+    "FaultPlan",
+    "Hang",
+    "Injector",
+    "KillAtStep",
+    "PeerLostError",
+    "RaiseAtStep",
+    "Straggler",
+    "corrupt_file",
+    "crash_during",
+    "hang",
+    "kill_at_step",
+    "raise_at_step",
+    "straggler",
+    "truncate_file",
+]
