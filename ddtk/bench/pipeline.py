@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddtk.bench.report import save_figure, write_json
+from ddtk.bench.report import publish, save_figure
 from ddtk.parallel.pipeline_schedules import (
     SCHEDULES,
     Timeline,
@@ -346,11 +346,4 @@ def _run(args: argparse.Namespace) -> int:
                                 args.batch, args.width, args.steps)  # fmt: skip
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: keeping the results measured so far[/yellow]")
-    if not rows:
-        return 1
-    console.print(table(rows))
-    if args.json:
-        write_json(args.json, env, args, rows)
-    if args.plot:
-        plot(rows, args.plot)
-    return 0
+    return publish(console, rows, env, args, table, plot)

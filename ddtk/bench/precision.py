@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddtk.bench.report import save_figure, write_json
+from ddtk.bench.report import publish, save_figure
 
 WORKLOADS = ("digits", "synthetic")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -317,15 +317,8 @@ def _run(args: argparse.Namespace) -> int:
                                 args.lr, args.warmup, device=device)  # fmt: skip
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: keeping the results measured so far[/yellow]")
-    if not rows:
-        return 1
     add_ratios(rows)
-    console.print(table(rows))
-    if args.json:
-        write_json(args.json, env, args, rows)
-    if args.plot:
-        plot(rows, args.plot)
-    return 0
+    return publish(console, rows, env, args, table, plot)
 
 
 def _cpu_bf16_flags() -> str:

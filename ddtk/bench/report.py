@@ -124,6 +124,23 @@ def write_json(path: str, env: dict, args: argparse.Namespace, rows: list[dict])
     Path(path).write_text(json.dumps(record, indent=1, default=str))
 
 
+def publish(
+    console, rows: list[dict], env: dict, args: argparse.Namespace, table_fn, plot_fn
+) -> int:
+    """Print a benchmark's table and write its JSON and PNG when asked; 1 when nothing was measured.
+
+    ``table_fn(rows)`` builds the rich table and ``plot_fn(rows, path)`` writes the figure.
+    """
+    if not rows:
+        return 1
+    console.print(table_fn(rows))
+    if args.json:
+        write_json(args.json, env, args, rows)
+    if args.plot:
+        plot_fn(rows, args.plot)
+    return 0
+
+
 def plot(rows: list[dict], path: str) -> None:
     import matplotlib
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ddtk.bench.report import save_figure, write_json
+from ddtk.bench.report import publish, save_figure
 
 CONTENDERS = ("dp", "zero-1", "zero-2", "fsdp2")
 _STAGE = {"dp": 0, "zero-1": 1, "zero-2": 2, "fsdp2": 3}
@@ -308,11 +308,4 @@ def _run(args: argparse.Namespace) -> int:
             add_ratios(rows)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: keeping the results measured so far[/yellow]")
-    if not rows:
-        return 1
-    console.print(table(rows))
-    if args.json:
-        write_json(args.json, env, args, rows)
-    if args.plot:
-        plot(rows, args.plot)
-    return 0
+    return publish(console, rows, env, args, table, plot)
