@@ -259,6 +259,24 @@ def probe_tools() -> Facts:
     return {"mpirun": find_tool("mpirun"), "nvidia_smi": shutil.which("nvidia-smi"), "error": None}
 
 
+def probe_faults() -> Facts:
+    """Recovery facts: the op timeout in force, the restarting launchers, the injectors."""
+    from ddtk.faults.model import probe
+
+    return probe()
+
+
+FAULTS_MISSING: Facts = {
+    "op_timeout_env": "DDTK_OP_TIMEOUT",
+    "op_timeout": None,
+    "op_timeout_error": None,
+    "torchrun": None,
+    "horovodrun": None,
+    "ray": False,
+    "injectors": [],
+}
+
+
 def collect() -> Facts:
     """Probe this machine and return every fact the report is built from (JSON-ready)."""
     from ddtk._version import __version__
@@ -290,6 +308,7 @@ def collect() -> Facts:
                 "memory_available_bytes": None,
             },
         ),
+        "faults": _safe(probe_faults, FAULTS_MISSING),
     }
 
 
@@ -428,6 +447,20 @@ def _cores_hint(facts: Facts) -> str | None:
     return f"only {cores} usable core: notebooks still run with world_size=2, but slower"
 
 
+def op_timeout_hint(facts: Facts) -> str | None:
+    """A bad ``DDTK_OP_TIMEOUT`` breaks every launch; an unset one leaves hangs to launch's timeout."""
+    faults = facts.get("faults", {})
+    if faults.get("op_timeout_error"):
+        return f"{faults['op_timeout_error']}: fix or unset it, or every rank fails at start-up"
+    if faults.get("op_timeout") is None:
+        return (
+            f"{faults.get('op_timeout_env', 'DDTK_OP_TIMEOUT')} is unset: a hung peer is only "
+            "caught by ddtk.launch(timeout=); set it (e.g. 60) or pass launch(op_timeout=) to "
+            "get CollectiveTimeoutError naming the collective and the missing rank"
+        )
+    return None
+
+
 def hints(facts: Facts) -> list[dict[str, str]]:
     """Every missing piece as ``{"level", "topic", "hint"}``, most serious first.
 
@@ -443,6 +476,11 @@ def hints(facts: Facts) -> list[dict[str, str]]:
         ("info", "gpu", gpu_hint(facts)),
         ("info", "mpi", _mpi_hint(facts)),
         ("info", "cores", _cores_hint(facts)),
+        (
+            "error" if facts.get("faults", {}).get("op_timeout_error") else "info",
+            "faults",
+            op_timeout_hint(facts),
+        ),
     ]
     return [{"level": lvl, "topic": topic, "hint": hint} for lvl, topic, hint in checks if hint]
 
@@ -475,12 +513,15 @@ def notebook_rows(facts: Facts, catalog: Iterable[NotebookLike]) -> list[dict[st
 
 def report(facts: Facts, catalog: Iterable[NotebookLike]) -> dict[str, Any]:
     """The whole report: the facts plus everything derived from them."""
+    from ddtk.faults.model import failure_model
+
     return {
         "core_ok": core_ok(facts),
         "backend": backend(facts),
         "facts": facts,
         "hints": hints(facts),
         "notebooks": notebook_rows(facts, catalog),
+        "failure_model": failure_model(),
     }
 
 
@@ -555,6 +596,40 @@ def _tools_table(facts: Facts) -> Any:
     return table
 
 
+def _faults_table(facts: Facts) -> Any:
+    """The op timeout in force, the launchers that restart a group, and the injectors."""
+    from rich.table import Table
+
+    faults = facts.get("faults", {})
+    table = Table(title="Fault tolerance", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    if faults.get("op_timeout_error"):
+        timeout = f"[red]invalid[/] {faults['op_timeout_error']}"
+    elif faults.get("op_timeout") is None:
+        timeout = "[yellow]unset[/] (hangs end only at launch's timeout)"
+    else:
+        timeout = f"{faults['op_timeout']:g} s"
+    table.add_row(f"op timeout ({faults.get('op_timeout_env', 'DDTK_OP_TIMEOUT')})", timeout)
+    for tool in ("torchrun", "horovodrun"):
+        table.add_row(tool, faults.get(tool) or "[yellow]not found[/]")
+    table.add_row("Ray Train", _yes_no(faults.get("ray")))
+    table.add_row("injectors", ", ".join(faults.get("injectors") or []) or "none")
+    return table
+
+
+def _failure_model_table(cases: Sequence[dict[str, str]]) -> Any:
+    """What is guaranteed when something breaks, and what is lost."""
+    from rich.table import Table
+
+    table = Table(title="Failure model", title_justify="left")
+    for column in ("event", "detected as", "then", "lost"):
+        table.add_column(column, style="bold" if column == "event" else None)
+    for case in cases:
+        table.add_row(case["event"], case["detected_as"], case["then"], case["lost"])
+    return table
+
+
 def _hints_table(items: Sequence[dict[str, str]]) -> Any:
     from rich.table import Table
 
@@ -594,6 +669,8 @@ def render(rep: dict[str, Any], console: Any = None) -> None:
     if rep["hints"]:
         console.print(_hints_table(rep["hints"]))
     console.print(_notebooks_table(rep["notebooks"]))
+    console.print(_faults_table(facts))
+    console.print(_failure_model_table(rep["failure_model"]))
     if rep["core_ok"]:
         console.print(
             f"[green]core OK[/]: torch + gloo work; notebooks use backend={rep['backend']}"

@@ -219,6 +219,16 @@ def healthy_cpu_facts() -> dict[str, Any]:
             "memory_available_bytes": 6 * 2**30,
             "error": None,
         },
+        "faults": {
+            "op_timeout_env": "DDTK_OP_TIMEOUT",
+            "op_timeout": 60.0,
+            "op_timeout_error": None,
+            "torchrun": "/venv/bin/torchrun",
+            "horovodrun": "/venv/bin/horovodrun",
+            "ray": True,
+            "injectors": ["kill_at_step"],
+            "error": None,
+        },
     }
 
 
@@ -398,3 +408,48 @@ def test_handler_exit_codes_and_json(
     assert doctor.run(argparse.Namespace(json=False)) == 1
     out = capsys.readouterr().out
     assert "core broken" in out and "Course notebooks" in out
+
+
+# ------------------------------------------------------------------ fault tolerance
+
+
+def test_json_reports_the_failure_model_and_recovery_tools(
+    cli_json: tuple[int, dict[str, Any]],
+) -> None:
+    """The faults facts name the launchers found here, and the failure model is complete."""
+    from ddtk import faults
+    from ddtk.faults.model import FAILURE_MODEL, INJECTORS
+
+    _, rep = cli_json
+    facts = rep["facts"]["faults"]
+    bindir = os.path.dirname(sys.executable)
+    assert facts["torchrun"] == os.path.join(bindir, "torchrun")
+    assert facts["ray"] == (_dist_version("ray") is not None)
+    assert facts["injectors"] == list(INJECTORS)
+    assert all(callable(getattr(faults, name)) for name in INJECTORS)
+    assert [case["event"] for case in rep["failure_model"]] == [c.event for c in FAILURE_MODEL]
+    assert all(case["lost"] for case in rep["failure_model"])
+
+
+def test_op_timeout_from_the_environment_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDTK_OP_TIMEOUT", "45")
+    assert doctor.collect()["faults"]["op_timeout"] == 45.0
+    monkeypatch.setenv("DDTK_OP_TIMEOUT", "soon")
+    facts = doctor.collect()["faults"]
+    assert facts["op_timeout"] is None and "'soon'" in facts["op_timeout_error"]
+
+
+def test_unset_op_timeout_is_an_info_hint_and_a_bad_one_an_error() -> None:
+    assert "faults" not in hint_topics(healthy_cpu_facts())
+    unset = with_changes(faults={"op_timeout": None})
+    (item,) = [h for h in doctor.hints(unset) if h["topic"] == "faults"]
+    assert item["level"] == "info" and "DDTK_OP_TIMEOUT is unset" in item["hint"]
+    bad = with_changes(faults={"op_timeout": None, "op_timeout_error": "DDTK_OP_TIMEOUT bad"})
+    (item,) = [h for h in doctor.hints(bad) if h["topic"] == "faults"]
+    assert item["level"] == "error" and "DDTK_OP_TIMEOUT bad" in item["hint"]
+
+
+def test_human_output_has_the_fault_tolerance_tables() -> None:
+    proc = run_cli()
+    assert "Fault tolerance" in proc.stdout and "Failure model" in proc.stdout
+    assert "a rank hangs" in proc.stdout

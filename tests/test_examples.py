@@ -57,6 +57,7 @@ MODULES = [
     "ddtk.checkpoint.retention",
     "ddtk.faults",
     "ddtk.faults.injectors",
+    "ddtk.faults.model",
 ]
 
 
