@@ -7,7 +7,7 @@ EXTRAS ?= ray,course,dev,horovod
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help lab test course horovod venv lint bench lock clean
+.PHONY: help lab test course horovod browser venv lint bench lock clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -23,11 +23,15 @@ venv: $(STAMP) ## create .venv and install ddtk with every extra, at the locked 
 horovod: venv ## build Horovod 0.28.1 for this torch (cached wheel: seconds after the first time)
 	bash scripts/build_horovod.sh $(BIN)/python
 
+browser: ## Debian's chromium for the quiz's browser test (apt-get as root; no browser downloads)
+	@test -x /usr/bin/chromium || { test "$$(id -u)" = 0 && apt-get install -y -q chromium >/dev/null; } \
+		|| echo "chromium missing and not root: run 'sudo apt-get install chromium' (the browser test is skipped)"
+
 lab: venv ## install everything and open JupyterLab on the course
 	$(BIN)/jupyter lab --notebook-dir=. course/01-distributed-fundamentals.ipynb
 
-test: venv horovod ## run the whole test suite, notebooks included
-	DDTK_REQUIRE=horovod $(BIN)/python -m pytest tests course --nbval-lax $(PYTEST_ARGS)
+test: venv horovod browser ## run the whole test suite, notebooks and the browser test included
+	DDTK_REQUIRE=horovod,browser $(BIN)/python -m pytest tests course --nbval-lax $(PYTEST_ARGS)
 
 course: venv ## execute every notebook headless into build/executed/
 	$(BIN)/ddtk course run
