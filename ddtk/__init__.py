@@ -11,11 +11,44 @@ The public face of the package is small:
   when a peer hangs or dies (with ``launch(..., op_timeout=...)``).
 """
 
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from ddtk._version import __version__
-from ddtk.comm.context import DistributedContext
-from ddtk.comm.ops import ReduceOp
-from ddtk.comm.transport import CollectiveTimeoutError, PeerLostError
-from ddtk.launch import RankError, launch
+from ddtk.launch import (  # light (no torch); eager, since ddtk.launch is also a module
+    RankError,
+    launch,
+)
+
+# Loaded on first use (PEP 562), so that `ddtk --help`, `ddtk quiz ...` and the
+# course tools start without importing torch.
+_LAZY = {
+    "DistributedContext": "ddtk.comm.context",
+    "ReduceOp": "ddtk.comm.ops",
+    "CollectiveTimeoutError": "ddtk.comm.transport",
+    "PeerLostError": "ddtk.comm.transport",
+}
+
+if TYPE_CHECKING:
+    from ddtk.comm.context import DistributedContext
+    from ddtk.comm.ops import ReduceOp
+    from ddtk.comm.transport import CollectiveTimeoutError, PeerLostError
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ddtk' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 __all__ = [
     "CollectiveTimeoutError",

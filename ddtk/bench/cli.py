@@ -4,12 +4,29 @@ from __future__ import annotations
 
 import argparse
 
+BENCH_HELP = "benchmarks that compare ddtk with the production peer"
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``bench`` and its benchmarks."""
-    bench = subparsers.add_parser(
-        "bench", help="benchmarks that compare ddtk with the production peer"
-    )
+    """Register ``bench``; its own parser is built only when it runs.
+
+    The benchmark modules import torch and matplotlib, so ``ddtk --help`` and the
+    other commands would pay for them if every benchmark registered up front.
+    """
+    bench = subparsers.add_parser("bench", help=BENCH_HELP, add_help=False)
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=_dispatch)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Parse ``ddtk bench ARGS`` with the full benchmark parser and run the benchmark."""
+    bench_args = bench_parser().parse_args(args.rest)
+    return int(bench_args.func(bench_args) or 0)
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    """The ``ddtk bench`` parser with every benchmark registered."""
+    bench = argparse.ArgumentParser(prog="ddtk bench", description=BENCH_HELP)
     sub = bench.add_subparsers(dest="bench", metavar="BENCHMARK")
     p = sub.add_parser(
         "collectives",
@@ -48,6 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     for module in (dp, compression, tp, pipeline, zero, precision, memory):
         module.register(sub)
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
+    return bench
 
 
 def _run_collectives(args: argparse.Namespace) -> int:
