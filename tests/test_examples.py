@@ -58,6 +58,20 @@ MODULES = [
     "ddtk.faults",
     "ddtk.faults.injectors",
     "ddtk.faults.model",
+    "ddtk.quiz",
+    "ddtk.quiz.model",
+    "ddtk.quiz.source",
+    "ddtk.quiz.seeding",
+    "ddtk.quiz.answers",
+    "ddtk.quiz.grading",
+    "ddtk.quiz.codecheck",
+    "ddtk.quiz.selfcheck",
+    "ddtk.quiz.build",
+    "ddtk.quiz.classgrade",
+    "ddtk.quiz.cli",
+    "ddtk.quiz.files",
+    "ddtk.quiz.session",
+    "ddtk.quiz.widget",
 ]
 
 

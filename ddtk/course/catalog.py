@@ -24,7 +24,7 @@ class NotebookEntry:
     name: str
     path: str
     title: str
-    kind: str  # "lecture" or "lab"
+    kind: str  # "lecture", "lab" or "quiz"
     needs: frozenset[str] = field(default_factory=frozenset)
 
     @property
@@ -88,6 +88,7 @@ NOTEBOOKS: tuple[NotebookEntry, ...] = (
         "ray",
     ),
     _entry("lab04", "solutions/lab04-profiling.ipynb", "Lab 04: Profiling and optimisation", "lab"),
+    _entry("quiz", "quizzes/module-quiz.ipynb", "Module quiz (self-check)", "quiz"),
 )
 
 
