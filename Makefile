@@ -49,6 +49,7 @@ bench: venv ## every benchmark, each against its peer or formula (JSON + PNG in 
 	$(BIN)/ddtk bench zero --json build/bench/zero.json --plot build/bench/zero.png
 	$(BIN)/ddtk bench precision --json build/bench/precision.json --plot build/bench/precision.png
 	$(BIN)/ddtk bench memory --json build/bench/memory.json --plot build/bench/memory.png
+	$(BIN)/ddtk bench checkpoint --json build/bench/checkpoint.json --plot build/bench/checkpoint.png
 
 lock: venv ## rewrite requirements.lock and environment.yml from .venv
 	$(BIN)/python scripts/lock.py

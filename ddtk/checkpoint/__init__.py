@@ -10,7 +10,13 @@ no committed work, and ends with the same model as a run never interrupted:
   scheduler, counters, RNGs, :class:`ResumableSampler` position);
 * :mod:`~ddtk.checkpoint.store`: :func:`save`, :func:`latest`, :func:`load` with
   verification, fallback to the previous good checkpoint, and weights-only loading;
-* :mod:`~ddtk.checkpoint.retention`: ``keep_last`` / ``keep_every``.
+* :mod:`~ddtk.checkpoint.retention`: ``keep_last`` / ``keep_every``;
+* :mod:`~ddtk.checkpoint.sharded`: every rank writes its shard, rank 0 commits;
+  loading reshards (a 4-rank ZeRO or DP checkpoint resumes on 2 ranks);
+* :mod:`~ddtk.checkpoint.background`: :class:`AsyncCheckpointer`, a CPU snapshot
+  written by a background thread, one save in flight, errors never lost;
+* :mod:`~ddtk.checkpoint.incremental`: only changed tensors are written, as blobs
+  named by their sha256; :func:`load` assembles them.
 
 >>> import tempfile, torch
 >>> import ddtk.checkpoint as ckpt
@@ -30,6 +36,14 @@ from ddtk.checkpoint.atomic import (
     atomic_write,
     atomic_write_bytes,
 )
+from ddtk.checkpoint.background import AsyncCheckpointer, CheckpointerStats, snapshot
+from ddtk.checkpoint.incremental import (
+    apply_incremental_retention,
+    collect_garbage,
+    load_incremental,
+    save_incremental,
+    save_stats,
+)
 from ddtk.checkpoint.manifest import (
     MANIFEST_NAME,
     CorruptCheckpointError,
@@ -38,6 +52,18 @@ from ddtk.checkpoint.manifest import (
     write_manifest,
 )
 from ddtk.checkpoint.retention import apply_retention, plan_retention
+from ddtk.checkpoint.sharded import (
+    ShardedCheckpoint,
+    ShardedState,
+    ShardedTensor,
+    ShardWriteError,
+    dp_state,
+    load_dp,
+    load_sharded,
+    load_zero,
+    save_sharded,
+    zero_state,
+)
 from ddtk.checkpoint.state import (
     CheckpointMismatchError,
     CheckpointState,
@@ -54,22 +80,30 @@ from ddtk.checkpoint.store import (
     checkpoint_dirs,
     latest,
     load,
+    problems,
     save,
     step_dir,
 )
 
 __all__ = [
     "MANIFEST_NAME",
+    "AsyncCheckpointer",
     "Checkpoint",
     "CheckpointError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "CheckpointState",
     "CheckpointWriteError",
+    "CheckpointerStats",
     "CorruptCheckpointError",
     "FileInfo",
     "ResumableSampler",
+    "ShardWriteError",
+    "ShardedCheckpoint",
+    "ShardedState",
+    "ShardedTensor",
     "UnsafeCheckpointError",
+    "apply_incremental_retention",
     "apply_retention",
     "atomic_torch_save",
     "atomic_write",
@@ -77,14 +111,26 @@ __all__ = [
     "capture",
     "capture_rng",
     "checkpoint_dirs",
+    "collect_garbage",
+    "dp_state",
     "latest",
     "load",
+    "load_dp",
+    "load_incremental",
+    "load_sharded",
+    "load_zero",
     "plan_retention",
+    "problems",
     "read_manifest",
     "restore",
     "restore_rng",
     "save",
+    "save_incremental",
+    "save_sharded",
+    "save_stats",
+    "snapshot",
     "step_dir",
     "verify",
     "write_manifest",
+    "zero_state",
 ]

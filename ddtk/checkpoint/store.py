@@ -61,6 +61,7 @@ __all__ = [
     "checkpoint_dirs",
     "latest",
     "load",
+    "problems",
     "save",
     "step_dir",
 ]
@@ -170,18 +171,32 @@ def save(
     return path
 
 
+def problems(path: str | os.PathLike[str]) -> list[str]:
+    """Everything wrong with one checkpoint directory; empty when it is good.
+
+    The files its manifest lists (sizes, sha256) for every kind, and for an
+    incremental checkpoint also the shared blobs it refers to.
+    """
+    found = verify(path)
+    if not found and read_manifest(path).get("kind") == "incremental":
+        from ddtk.checkpoint.incremental import incremental_problems
+
+        found = incremental_problems(Path(path))
+    return found
+
+
 def latest(directory: str | os.PathLike[str], *, warn: bool = False) -> Path | None:
-    """The newest complete checkpoint whose files match their checksums, or None.
+    """The newest complete checkpoint (of any kind) that passes :func:`problems`, or None.
 
     With ``warn``, each newer checkpoint skipped on the way is reported with
     ``warnings.warn`` naming it and its problems.
     """
     for _step, path in reversed(checkpoint_dirs(directory)):
-        problems = verify(path)
-        if not problems:
+        found = problems(path)
+        if not found:
             return path
         if warn:
-            _warn_skipped(path, problems)
+            _warn_skipped(path, found)
     return None
 
 
@@ -196,10 +211,19 @@ def _warn_skipped(path: Path, problems: list[str]) -> None:
 def _read(path: Path, map_location: Any) -> Checkpoint:
     """Read a verified checkpoint directory; refuse anything but tensors and plain data."""
     manifest = read_manifest(path)
-    if manifest.get("kind") != "full":
+    kind = manifest.get("kind")
+    if kind == "incremental":
+        from ddtk.checkpoint.incremental import read_incremental
+
+        return read_incremental(path, map_location)
+    if kind == "sharded":
         raise CheckpointError(
-            f"{path} is a {manifest.get('kind')!r} checkpoint; load() reads 'full' checkpoints"
+            f"{path} is a sharded checkpoint written by {manifest.get('world_size')} ranks: "
+            "every rank reads its part with ddtk.checkpoint.load_sharded(ctx, ...) "
+            "(or load_dp / load_zero), at any world size"
         )
+    if kind != "full":
+        raise CheckpointError(f"{path} is a {kind!r} checkpoint, which load() does not know")
     try:
         tensors = torch.load(path / STATE_FILE, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -226,6 +250,10 @@ def load(
 ) -> Checkpoint:
     """Load a checkpoint, verify it, and restore it into the objects given.
 
+    Reads full checkpoints (:func:`save`) and incremental ones
+    (:func:`ddtk.checkpoint.incremental.save_incremental`, assembled from their
+    blobs); a sharded checkpoint is read by every rank with
+    :func:`ddtk.checkpoint.sharded.load_sharded`, and this says so.
     ``source`` is a checkpoint directory (it must be good) or a run directory
     (the newest good checkpoint is used; newer bad ones are skipped with a
     warning). Raises :class:`CheckpointNotFoundError` when there is none,
@@ -240,9 +268,9 @@ def load(
     if not source.is_dir():
         raise CheckpointNotFoundError(f"no checkpoint directory at {source}")
     if _STEP_RE.match(source.name) or (source / MANIFEST_NAME).exists():
-        problems = verify(source)
-        if problems:
-            raise CorruptCheckpointError(f"checkpoint {source} is bad: " + "; ".join(problems))
+        found = problems(source)
+        if found:
+            raise CorruptCheckpointError(f"checkpoint {source} is bad: " + "; ".join(found))
         ckpt = _read(source, map_location)
     else:
         ckpt = _newest_good(source, map_location)
@@ -256,10 +284,10 @@ def _newest_good(directory: Path, map_location: Any) -> Checkpoint:
     """The newest verified checkpoint of a run directory, warning about each one skipped."""
     tried = []
     for _step, path in reversed(checkpoint_dirs(directory)):
-        problems = verify(path)
-        if problems:
-            _warn_skipped(path, problems)
-            tried.append(f"{path.name} ({'; '.join(problems)})")
+        found = problems(path)
+        if found:
+            _warn_skipped(path, found)
+            tried.append(f"{path.name} ({'; '.join(found)})")
             continue
         return _read(path, map_location)
     detail = ": bad ones are " + ", ".join(tried) if tried else " (no step-N directories)"
