@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
+from support import require_or_skip
 
 
 def _children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    return [
+        p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 @pytest.fixture(autouse=True)
@@ -28,3 +33,18 @@ def no_leftover_processes():
         for p in left:
             p.kill()
         pytest.fail(f"processes left behind: {names}")
+
+
+@pytest.fixture
+def horovodrun() -> Path:
+    """The ``horovodrun`` beside this interpreter, once Horovod is known to work with Gloo."""
+    try:
+        import horovod.torch as hvd
+    except Exception as exc:
+        require_or_skip("horovod", f"horovod.torch does not import ({exc}): run `make horovod`")
+    if not hvd.gloo_built():
+        require_or_skip("horovod", "Horovod was built without Gloo: run `make horovod`")
+    path = Path(sys.executable).parent / "horovodrun"
+    if not path.is_file():
+        require_or_skip("horovod", f"{path} does not exist: run `make horovod`")
+    return path

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -14,5 +16,16 @@ def require_or_skip(name: str, reason: str) -> None:
     """
     required = {s.strip() for s in os.environ.get("DDTK_REQUIRE", "").split(",") if s.strip()}
     if name in required:
-        pytest.fail(f"{name} is required here (DDTK_REQUIRE={os.environ['DDTK_REQUIRE']}) but {reason}")
+        pytest.fail(
+            f"{name} is required here (DDTK_REQUIRE={os.environ['DDTK_REQUIRE']}) but {reason}"
+        )
     pytest.skip(reason)
+
+
+def executed_text(notebook: str | os.PathLike[str]) -> str:
+    """Every text output (streams and ``text/plain`` results) of an executed notebook, joined."""
+    executed = json.loads(Path(notebook).read_text())
+    return "".join(
+        "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+        for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
+    )  # fmt: skip

@@ -140,21 +140,6 @@ def _kill(procs: list[psutil.Process]) -> None:
 
 
 @pytest.fixture
-def horovodrun() -> Path:
-    """The ``horovodrun`` beside this interpreter, once Horovod is known to work with Gloo."""
-    try:
-        import horovod.torch as hvd
-    except Exception as exc:
-        require_or_skip("horovod", f"horovod.torch does not import ({exc}): run `make horovod`")
-    if not hvd.gloo_built():
-        require_or_skip("horovod", "Horovod was built without Gloo: run `make horovod`")
-    path = Path(sys.executable).parent / "horovodrun"
-    if not path.is_file():
-        require_or_skip("horovod", f"{path} does not exist: run `make horovod`")
-    return path
-
-
-@pytest.fixture
 def run_job(horovodrun: Path, tmp_path: Path):
     """Return a function that runs a script under ``horovodrun`` and leaves no process behind."""
     tag = uuid.uuid4().hex

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import executed_text
 
 from ddtk.course import catalog
 from ddtk.course.run import run_notebook
@@ -20,11 +21,8 @@ def test_lecture_01_runs_with_three_ranks(tmp_path) -> None:
     nb = catalog.find("01")
     result = run_notebook(nb.file, {"world_size": 3}, out_dir=tmp_path, timeout=300)
     assert result.ok, result.failure.describe() if result.failure else result.status
+    text = executed_text(result.output)
     executed = json.loads(result.output.read_text())
-    text = "".join(
-        "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
-        for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
-    )  # fmt: skip
     assert "world_size = 3" in "".join("".join(c["source"]) for c in executed["cells"])
     assert "[rank 2]" in text or "rank 2" in text
 
@@ -35,11 +33,7 @@ def test_lecture_05_runs_with_three_ranks_and_fp16(tmp_path) -> None:
              "bench_steps": 4, "matmul_sizes": [128], "batch_sizes": [16, 256]}  # fmt: skip
     result = run_notebook(nb.file, small, out_dir=tmp_path, timeout=300)
     assert result.ok, result.failure.describe() if result.failure else result.status
-    executed = json.loads(result.output.read_text())
-    text = "".join(
-        "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
-        for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
-    )  # fmt: skip
+    text = executed_text(result.output)
     assert "autocast dtype=fp16" in text
     assert "scales equal at every step: True" in text
     assert "rank 2: skipped" in text  # the distributed demo ran on three ranks

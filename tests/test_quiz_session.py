@@ -15,6 +15,7 @@ from pathlib import Path
 import ipywidgets as w
 import pytest
 import yaml
+from support import executed_text
 
 from ddtk.quiz import build
 from ddtk.quiz.session import QuizSession
@@ -215,11 +216,7 @@ def test_quiz_notebook_runs_headless(tmp_path) -> None:
         timeout=300,
     )
     assert result.ok, result.failure.describe() if result.failure else result.status
-    executed = json.loads(result.output.read_text())
-    text = "".join(
-        "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
-        for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
-    )  # fmt: skip
+    text = executed_text(result.output)
     assert "Self-check for nb-test: score 0/" in text
     assert "oom-13b-model" in text
     source = json.loads((ROOT / "quizzes" / "module-quiz.ipynb").read_text())

@@ -36,7 +36,6 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from support import require_or_skip
 
 from ddtk.recovery.common import build, fingerprint, reference
 from ddtk.recovery.horovod_elastic_train import (
@@ -51,21 +50,6 @@ DISCOVERY = ROOT / "ddtk" / "recovery" / "discover_hosts.sh"
 JOB_TIMEOUT_S = 150
 STEPS, EVERY = 40, 10
 HOSTS = "localhost:1\n127.0.0.1:1\n"
-
-
-@pytest.fixture
-def horovodrun() -> Path:
-    """The ``horovodrun`` beside this interpreter, once Horovod is known to work with Gloo."""
-    try:
-        import horovod.torch as hvd
-    except Exception as exc:
-        require_or_skip("horovod", f"horovod.torch does not import ({exc}): run `make horovod`")
-    if not hvd.gloo_built():
-        require_or_skip("horovod", "Horovod was built without Gloo: run `make horovod`")
-    path = Path(sys.executable).parent / "horovodrun"
-    if not path.is_file():
-        require_or_skip("horovod", f"{path} does not exist: run `make horovod`")
-    return path
 
 
 def _tagged(tag: str) -> list[psutil.Process]:

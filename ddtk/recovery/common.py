@@ -27,6 +27,7 @@ True
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -48,12 +49,14 @@ __all__ = [
     "NUM_CLASSES",
     "RecoveryClock",
     "build",
+    "check_training_args",
     "fingerprint",
     "global_batch",
     "kill_self_once",
     "local_batch",
     "loss_fn",
     "reference",
+    "training_parser",
 ]
 
 IN_FEATURES, HIDDEN, NUM_CLASSES = 16, 32, 4
@@ -272,3 +275,27 @@ def reference(
     finally:
         torch.set_num_threads(threads)
     return model
+
+
+def training_parser(prog: str, description: str, dir_help: str) -> argparse.ArgumentParser:
+    """The options every recovery driver shares: where, how long, how often, whom to kill."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--dir", required=True, type=Path, help=dir_help)
+    p.add_argument("--steps", type=int, default=40, help="total training steps")
+    p.add_argument("--every", type=int, default=10, help="commit every K steps")
+    p.add_argument("--batch-size", type=int, default=32, help="global batch size")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kill-rank", type=int, default=None, help="rank that SIGKILLs itself once")
+    p.add_argument("--kill-step", type=int, default=None, help="step before which it dies")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def check_training_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject bad combinations of the shared options with a message naming them."""
+    if args.steps < 1 or args.every < 1:
+        p.error(f"--steps and --every must be >= 1, got {args.steps} and {args.every}")
+    if (args.kill_rank is None) != (args.kill_step is None):
+        p.error("--kill-rank and --kill-step go together")
+    if args.kill_step is not None and not 0 <= args.kill_step < args.steps:
+        p.error(f"--kill-step must be in 0..{args.steps - 1}, got {args.kill_step}")

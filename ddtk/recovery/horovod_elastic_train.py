@@ -59,10 +59,12 @@ from ddtk.checkpoint import atomic_write_bytes
 from ddtk.recovery.common import (
     RecoveryClock,
     build,
+    check_training_args,
     fingerprint,
     kill_self_once,
     local_batch,
     loss_fn,
+    training_parser,
 )
 
 __all__ = ["keep_only_host", "main", "parse_args", "read_log", "schedule_from_log", "train"]
@@ -70,16 +72,9 @@ __all__ = ["keep_only_host", "main", "parse_args", "read_log", "schedule_from_lo
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options; bad combinations raise SystemExit with a message naming them."""
-    p = argparse.ArgumentParser(
-        prog="ddtk.recovery.horovod_elastic_train", description=__doc__.split("\n")[0]
+    p = training_parser(
+        "ddtk.recovery.horovod_elastic_train", __doc__.split("\n")[0], "result directory"
     )
-    p.add_argument("--dir", required=True, type=Path, help="result directory")
-    p.add_argument("--steps", type=int, default=40, help="total training steps")
-    p.add_argument("--every", type=int, default=10, help="state.commit() every K steps")
-    p.add_argument("--batch-size", type=int, default=32, help="global batch size")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kill-rank", type=int, default=None, help="rank that SIGKILLs itself once")
-    p.add_argument("--kill-step", type=int, default=None, help="step before which it dies")
     p.add_argument("--hosts-file", type=Path, default=None, help="file the discovery script reads")
     p.add_argument(
         "--shrink-at-step",
@@ -88,12 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="rank 0 rewrites --hosts-file to list only its own host at this step",
     )
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep per step")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
     args = p.parse_args(argv)
-    if args.steps < 1 or args.every < 1:
-        p.error(f"--steps and --every must be >= 1, got {args.steps} and {args.every}")
-    if (args.kill_rank is None) != (args.kill_step is None):
-        p.error("--kill-rank and --kill-step go together")
+    check_training_args(p, args)
     if (args.hosts_file is None) != (args.shrink_at_step is None):
         p.error("--hosts-file and --shrink-at-step go together")
     return args

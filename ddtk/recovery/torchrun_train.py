@@ -58,10 +58,12 @@ from ddtk.checkpoint import atomic_write_bytes, capture, latest, load, save
 from ddtk.recovery.common import (
     RecoveryClock,
     build,
+    check_training_args,
     fingerprint,
     kill_self_once,
     local_batch,
     loss_fn,
+    training_parser,
 )
 
 __all__ = ["main", "parse_args", "train"]
@@ -71,25 +73,12 @@ _IMPORTED = time.time()  # this module and torch are imported: the process is up
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options; bad combinations raise SystemExit with a message naming them."""
-    p = argparse.ArgumentParser(
-        prog="ddtk.recovery.torchrun_train", description=__doc__.split("\n")[0]
+    p = training_parser(
+        "ddtk.recovery.torchrun_train", __doc__.split("\n")[0], "checkpoint and result directory"
     )
-    p.add_argument("--dir", required=True, type=Path, help="checkpoint and result directory")
-    p.add_argument("--steps", type=int, default=40, help="total training steps")
-    p.add_argument("--every", type=int, default=10, help="commit (checkpoint) every K steps")
-    p.add_argument("--batch-size", type=int, default=32, help="global batch size")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kill-rank", type=int, default=None, help="rank that SIGKILLs itself once")
-    p.add_argument("--kill-step", type=int, default=None, help="step before which it dies")
     p.add_argument("--keep-last", type=int, default=3, help="checkpoints kept")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
     args = p.parse_args(argv)
-    if args.steps < 1 or args.every < 1:
-        p.error(f"--steps and --every must be >= 1, got {args.steps} and {args.every}")
-    if (args.kill_rank is None) != (args.kill_step is None):
-        p.error("--kill-rank and --kill-step go together")
-    if args.kill_step is not None and not 0 <= args.kill_step < args.steps:
-        p.error(f"--kill-step must be in 0..{args.steps - 1}, got {args.kill_step}")
+    check_training_args(p, args)
     return args
 
 
