@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import psutil
 import pytest
 
 
@@ -29,3 +30,21 @@ def executed_text(notebook: str | os.PathLike[str]) -> str:
         "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
         for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
     )  # fmt: skip
+
+
+def outliving(procs: list[psutil.Process], grace: float = 5.0) -> list[psutil.Process]:
+    """The processes of ``procs`` still running ``grace`` seconds from now.
+
+    A helper that exits by itself just after its parent (Python's multiprocessing
+    resource tracker closing down with the worker that started it) is not left
+    behind; one still running after the grace period is.
+    """
+    _gone, alive = psutil.wait_procs(procs, timeout=grace)
+    running = []
+    for proc in alive:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                running.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return running

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import require_or_skip
+from support import outliving, require_or_skip
 
 pytestmark = pytest.mark.horovod
 
@@ -175,7 +175,7 @@ def run_job(horovodrun: Path, tmp_path: Path):
 
     yield run
 
-    leftovers = _tagged_processes(tag)
+    leftovers = outliving(_tagged_processes(tag))
     described = [_describe(p) for p in leftovers]
     _kill(leftovers)
     new_children = [

@@ -36,6 +36,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from support import outliving
 
 from ddtk.recovery.common import build, fingerprint, reference
 from ddtk.recovery.horovod_elastic_train import (
@@ -99,7 +100,7 @@ def elastic_job(horovodrun: Path, tmp_path: Path):
         return out, output
 
     yield run
-    leftovers = _tagged(tag)
+    leftovers = outliving(_tagged(tag))
     described = [f"{p.pid}: {' '.join(p.cmdline()[:6])}" for p in leftovers]
     for p in leftovers:
         with contextlib.suppress(psutil.Error):
