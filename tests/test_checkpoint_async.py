@@ -252,15 +252,18 @@ ckpt = AsyncCheckpointer(run)
 ckpt.save(capture(model, step=1, rng=False), 1)
 ckpt.wait()
 real = atomic._write_all
+def say(word):  # one write per line: print() writes the newline separately, and two
+    sys.stdout.write(word + "\\n")  # threads printing at once could interleave their words
+    sys.stdout.flush()
 def slow(fd, data):
-    print("writing", flush=True)
+    say("writing")
     time.sleep(60)
     real(fd, data)
 atomic._write_all = slow
 with torch.no_grad():
     model.weight.add_(1.0)
 ckpt.save(capture(model, step=2, rng=False), 2)
-print("saved", flush=True)
+say("saved")
 time.sleep(60)
 """
 
