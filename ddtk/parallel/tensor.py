@@ -126,7 +126,30 @@ def _param(t: torch.Tensor, ctx: Any) -> nn.Parameter:
     return nn.Parameter(t.detach().to(ctx.device, copy=True).contiguous())
 
 
-class ColumnParallelLinear(nn.Module):
+class _ShardedLinear(nn.Module):
+    """What the column and row layers share: checked sizes, then a shard of a full linear."""
+
+    _split: str  # the dimension split across ranks: "out_features" or "in_features"
+
+    def _setup(
+        self, ctx: Any, in_features: int, out_features: int, linear: Any, flag: bool
+    ) -> None:
+        """Check the sizes first, then build ``linear()`` and keep this rank's shard of it."""
+        _check_sizes(ctx, self._split, in_features=in_features, out_features=out_features)
+        self._load(ctx, linear(), flag)
+
+    @classmethod
+    def _from(cls, ctx: Any, linear: nn.Linear, flag: bool) -> Any:
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._setup(ctx, linear.in_features, linear.out_features, lambda: linear, flag)
+        return layer
+
+    def _load(self, ctx: Any, linear: nn.Linear, flag: bool) -> None:
+        raise NotImplementedError
+
+
+class ColumnParallelLinear(_ShardedLinear):
     """``Linear(in_features, out_features)`` with the output features split across ranks.
 
     Rank ``r`` holds ``weight`` rows and ``bias`` entries ``r*out/n .. (r+1)*out/n``
@@ -144,6 +167,8 @@ class ColumnParallelLinear(nn.Module):
     [((2, 3), True), ((2, 3), True)]
     """
 
+    _split = "out_features"
+
     def __init__(
         self,
         ctx: Any,
@@ -154,21 +179,15 @@ class ColumnParallelLinear(nn.Module):
         seed: int = 0,
     ):
         super().__init__()
-        _check_sizes(ctx, "out_features", in_features=in_features, out_features=out_features)
-        self._load(ctx, seeded_linear(in_features, out_features, bias, seed), gather_output)
+        make = lambda: seeded_linear(in_features, out_features, bias, seed)  # noqa: E731
+        self._setup(ctx, in_features, out_features, make, gather_output)
 
     @classmethod
     def from_linear(
         cls, ctx: Any, linear: nn.Linear, gather_output: bool = False
     ) -> ColumnParallelLinear:
         """This rank's shard of a full ``nn.Linear`` (the same ``linear`` on every rank)."""
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        _check_sizes(
-            ctx, "out_features", in_features=linear.in_features, out_features=linear.out_features
-        )
-        layer._load(ctx, linear, gather_output)
-        return layer
+        return cls._from(ctx, linear, gather_output)
 
     def _load(self, ctx: Any, linear: nn.Linear, gather_output: bool) -> None:
         self.ctx, self.gather_output = ctx, gather_output
@@ -194,7 +213,7 @@ class ColumnParallelLinear(nn.Module):
         )
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ShardedLinear):
     """``Linear(in_features, out_features)`` with the input features split across ranks.
 
     Rank ``r`` holds ``weight`` columns ``r*in/n .. (r+1)*in/n`` and expects that
@@ -213,6 +232,8 @@ class RowParallelLinear(nn.Module):
     [((3, 2), True), ((3, 2), True)]
     """
 
+    _split = "in_features"
+
     def __init__(
         self,
         ctx: Any,
@@ -223,21 +244,15 @@ class RowParallelLinear(nn.Module):
         seed: int = 0,
     ):
         super().__init__()
-        _check_sizes(ctx, "in_features", in_features=in_features, out_features=out_features)
-        self._load(ctx, seeded_linear(in_features, out_features, bias, seed), input_is_parallel)
+        make = lambda: seeded_linear(in_features, out_features, bias, seed)  # noqa: E731
+        self._setup(ctx, in_features, out_features, make, input_is_parallel)
 
     @classmethod
     def from_linear(
         cls, ctx: Any, linear: nn.Linear, input_is_parallel: bool = True
     ) -> RowParallelLinear:
         """This rank's shard of a full ``nn.Linear`` (the same ``linear`` on every rank)."""
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        _check_sizes(
-            ctx, "in_features", in_features=linear.in_features, out_features=linear.out_features
-        )
-        layer._load(ctx, linear, input_is_parallel)
-        return layer
+        return cls._from(ctx, linear, input_is_parallel)
 
     def _load(self, ctx: Any, linear: nn.Linear, input_is_parallel: bool) -> None:
         self.ctx, self.input_is_parallel = ctx, input_is_parallel
