@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -48,3 +49,43 @@ def outliving(procs: list[psutil.Process], grace: float = 5.0) -> list[psutil.Pr
         except psutil.NoSuchProcess:
             continue
     return running
+
+
+RAY_DAEMONS = ("raylet", "gcs_server")
+
+
+def ray_daemons(since: float) -> list[psutil.Process]:
+    """Live ``raylet`` and ``gcs_server`` processes started at or after ``since`` (a time.time()).
+
+    Scans every process, not only this one's children: a notebook kernel that dies or
+    is killed leaves its Ray cluster to init, where a child scan would not see it.
+    """
+    found = []
+    for proc in psutil.process_iter(["name", "create_time"]):
+        try:
+            if (
+                proc.info["name"] in RAY_DAEMONS
+                and proc.info["create_time"] >= since - 1.0
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def assert_no_ray_daemons_left(since: float, grace: float = 30.0) -> None:
+    """Fail, and kill them, if raylets or GCS servers started since ``since`` outlive ``grace``."""
+    import time
+
+    deadline = time.monotonic() + grace
+    left = ray_daemons(since)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = ray_daemons(since)
+    if left:
+        names = ", ".join(f"{p.pid} ({p.info['name']})" for p in left)
+        for proc in left:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        pytest.fail(f"Ray processes left running: {names}")

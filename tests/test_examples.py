@@ -81,6 +81,9 @@ MODULES = [
     "ddtk.quiz.files",
     "ddtk.quiz.session",
     "ddtk.quiz.widget",
+    "ddtk.course.checks",
+    "ddtk.monitoring",
+    "ddtk.examples.ray_digits",
 ]
 
 

@@ -1,0 +1,95 @@
+"""What a lab's check cells use: a failure that teaches, and exercises that are not done yet.
+
+A check cell tests the behaviour of what the learner wrote. When it fails it raises
+:class:`CheckFailed` (an ``AssertionError``) with a message that says what was
+expected and what came back. An unfinished exercise raises ``NotImplementedError``
+(the stub ``ddtk course build`` writes), possibly deep inside Ray or a rank process;
+:func:`exercise` turns that into "Exercise 3 (training loop) is not done yet" instead
+of a page of someone else's traceback.
+
+>>> with exercise(1, "ring sum"):
+...     expect(sum([1, 2, 3]) == 6, "the sum of 1, 2, 3", expected=6, got=sum([1, 2, 3]))
+Exercise 1 passed: ring sum
+>>> def stub():
+...     raise NotImplementedError("Exercise 1: ring sum")
+>>> with exercise(1, "ring sum"):
+...     stub()
+Traceback (most recent call last):
+...
+ddtk.course.checks.CheckFailed: Exercise 1 (ring sum) is not done yet: ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["CheckFailed", "exercise", "expect", "not_implemented_in"]
+
+
+class CheckFailed(AssertionError):
+    """A check cell found that an exercise does not do what it should; the message says why."""
+
+
+def expect(condition: Any, what: str, *, expected: Any, got: Any) -> None:
+    """Raise :class:`CheckFailed` naming ``what``, ``expected`` and ``got`` unless ``condition``."""
+    if not condition:
+        raise CheckFailed(f"{what}: expected {expected}, got {got}")
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, its causes and contexts, and the per-worker errors Ray Train wraps, each once."""
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        stack += [e for e in (current.__cause__, current.__context__) if e is not None]
+        failures = getattr(current, "worker_failures", None)  # ray.train WorkerGroupError
+        if isinstance(failures, dict):
+            stack += [e for e in failures.values() if isinstance(e, BaseException)]
+
+
+def not_implemented_in(exc: BaseException) -> str | None:
+    """The message of the ``NotImplementedError`` behind ``exc``, if there is one.
+
+    Looks through chained exceptions, Ray Train's per-worker failures, and the text
+    of errors that carry a remote traceback only as a string (Ray, ``ddtk.launch``).
+    """
+    for err in _causes(exc):
+        if isinstance(err, NotImplementedError):
+            return str(err) or "NotImplementedError"
+        text = str(err)
+        marker = "NotImplementedError: "
+        if marker in text:
+            return text.split(marker, 1)[1].splitlines()[0].strip()
+    return None
+
+
+@contextmanager
+def exercise(number: int, title: str) -> Iterator[None]:
+    """Run a check of exercise ``number``: print a pass line, or raise :class:`CheckFailed`.
+
+    A ``NotImplementedError`` anywhere behind the failure means the exercise is still
+    the stub; other errors are reported as raised by the learner's code, chained so
+    the full traceback stays available.
+    """
+    name = f"Exercise {number} ({title})"
+    try:
+        yield
+    except CheckFailed as exc:
+        raise CheckFailed(f"{name}: {exc}") from None
+    except Exception as exc:
+        stub = not_implemented_in(exc)
+        if stub is not None:
+            raise CheckFailed(
+                f"{name} is not done yet: the code still raises NotImplementedError ({stub}). "
+                "Replace the `raise NotImplementedError(...)` line with your answer and rerun "
+                "the exercise cell, then this check."
+            ) from None
+        raise CheckFailed(f"{name}: your code raised {type(exc).__name__}: {exc}") from exc
+    print(f"Exercise {number} passed: {title}")

@@ -1,0 +1,83 @@
+"""``verify_lab_checks``: a check must fail on the stub with a teaching message and pass on the answer.
+
+Small notebooks built here exercise each way a lab can be wrong; the real lab is
+tested in tests/test_lab01.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from ddtk.course.labcheck import plan, verify_lab_checks
+from ddtk.course.notebooks import NotebookError
+
+pytestmark = pytest.mark.notebook
+
+EXERCISE = (
+    "def ring_sum(values):\n"
+    "    # BEGIN SOLUTION ring sum\n"
+    "    return sum(values)\n"
+    "    # END SOLUTION"
+)
+GOOD_CHECK = (
+    "from ddtk.course.checks import exercise, expect\n"
+    "with exercise(1, 'ring sum'):\n"
+    "    got = ring_sum(range(n))\n"
+    "    expect(got == n * (n - 1) // 2, 'ring_sum(range(n))', expected=n * (n - 1) // 2, got=got)"
+)
+
+
+def _notebook(tmp_path: Path, *cells: tuple[str, list[str]]) -> Path:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("n = 5")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params]
+    for source, tags in cells:
+        cell = nbformat.v4.new_code_cell(source)
+        cell.metadata["tags"] = tags
+        nb.cells.append(cell)
+    path = tmp_path / "lab.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_teaching_check_fails_on_the_stub_and_passes_on_the_solution(tmp_path: Path) -> None:
+    path = _notebook(
+        tmp_path, (EXERCISE, []), (GOOD_CHECK, ["check"]), ("print(ring_sum([n]))", [])
+    )
+    report = verify_lab_checks(path, {"n": 7})
+    assert report.ok, report.describe()
+    (outcome,) = report.outcomes
+    assert outcome.exercises == (1,)
+    assert outcome.stub_error.startswith("CheckFailed: Exercise 1 (ring sum) is not done yet")
+
+
+def test_a_check_that_passes_on_the_stub_is_a_problem(tmp_path: Path) -> None:
+    path = _notebook(tmp_path, (EXERCISE, []), ("print('nothing checked')", ["check"]))
+    report = verify_lab_checks(path)
+    assert not report.ok
+    assert "passed on the stub" in report.problems[0]
+
+
+def test_a_bare_not_implemented_error_is_not_a_teaching_failure(tmp_path: Path) -> None:
+    path = _notebook(tmp_path, (EXERCISE, []), ("ring_sum([1])", ["check"]))
+    report = verify_lab_checks(path)
+    assert not report.ok
+    assert "should raise CheckFailed" in report.problems[0]
+
+
+def test_a_check_that_fails_on_the_solution_is_a_problem(tmp_path: Path) -> None:
+    wrong = GOOD_CHECK.replace("n * (n - 1) // 2,", "-1,", 1)
+    path = _notebook(tmp_path, (EXERCISE, []), (wrong, ["check"]))
+    report = verify_lab_checks(path)
+    assert not report.ok
+    assert "failed on the solution" in report.problems[0]
+
+
+def test_an_exercise_without_a_check_is_refused(tmp_path: Path) -> None:
+    path = _notebook(tmp_path, (EXERCISE, []))
+    with pytest.raises(NotebookError, match="have no check cell after them"):
+        plan(nbformat.read(path, as_version=4), str(path))
