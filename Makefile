@@ -27,8 +27,8 @@ browser: ## Debian's chromium for the quiz's browser test (apt-get as root; no b
 	@test -x /usr/bin/chromium || { test "$$(id -u)" = 0 && apt-get install -y -q chromium >/dev/null; } \
 		|| echo "chromium missing and not root: run 'sudo apt-get install chromium' (the browser test is skipped)"
 
-lab: venv ## install everything and open JupyterLab on the course
-	$(BIN)/jupyter lab --notebook-dir=. course/01-distributed-fundamentals.ipynb
+lab: venv ## install everything and start JupyterLab on lecture 01 (root or not; URL printed)
+	$(BIN)/ddtk course lab
 
 test: venv horovod browser ## run the whole test suite, notebooks and the browser test included
 	DDTK_REQUIRE=horovod,browser $(BIN)/python -m pytest tests course --nbval-lax $(PYTEST_ARGS)

@@ -1,4 +1,4 @@
-"""``ddtk course run|build|check|strip``: the notebook tools from the command line.
+"""``ddtk course run|build|check|strip|lab``: the notebook tools from the command line.
 
 Each handler takes the parsed Namespace and returns the exit code: 0 when all is
 well, 1 when a notebook failed or a check found a problem, 2 for bad input. The
@@ -265,6 +265,35 @@ def cmd_strip(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------- lab
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    """Start JupyterLab on the course, saying what it chose; --dry-run only prints the command."""
+    import importlib.util
+    import shlex
+
+    from ddtk.course import lab
+
+    try:
+        choices = lab.choose(args.port, args.no_browser, args.ip, root=_root(args))
+    except OSError as exc:
+        return _error(str(exc))
+    console = _console()
+    for line in lab.explain(choices):
+        console.print(line, soft_wrap=True, markup=False)
+    if args.dry_run:
+        command = shlex.join(lab.lab_command(choices))
+        console.print(f"JUPYTER_TOKEN={choices.token} {command}", soft_wrap=True, markup=False)
+        return EXIT_OK
+    if importlib.util.find_spec("jupyterlab") is None:
+        return _error(
+            "JupyterLab is not installed in this environment: run `make venv` "
+            "(or pip install -e '.[course]')"
+        )
+    return lab.run(choices)
+
+
 # ---------------------------------------------------------------- parser
 
 
@@ -283,6 +312,16 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError("the timeout must be positive")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is between 1 and 65535, got {value}")
     return value
 
 
@@ -346,6 +385,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     _add_root(p)
     p.set_defaults(func=cmd_strip)
+
+    p = sub.add_parser(
+        "lab",
+        help="start JupyterLab on lecture 01 (as root too; no browser when there is no display)",
+    )
+    p.add_argument(
+        "--port", type=_port, help="port to serve on (default: the first free one from 8888)"
+    )
+    p.add_argument(
+        "--no-browser", action="store_true", help="do not open a browser; print the URL instead"
+    )
+    p.add_argument(
+        "--ip",
+        default="127.0.0.1",
+        help="address to listen on (default: %(default)s; 0.0.0.0 inside a container)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print what would run, and why, without starting"
+    )
+    _add_root(p)
+    p.set_defaults(func=cmd_lab)
     return course
 
 
