@@ -1,0 +1,64 @@
+"""Lab 01 (Ray Train): every check fails on its stub and passes on the solution; other parameters.
+
+The first test runs the solution notebook once, at its laptop defaults, in one
+kernel: before each check cell it runs the stub that ``ddtk course build`` writes
+for the exercises that check covers, and the check must fail with a teaching
+``CheckFailed``; then the solution and the check again, which must pass
+(:func:`ddtk.course.labcheck.verify_lab_checks`). The second runs the notebook
+through papermill with three Ray Train workers and other epochs, as a cluster run
+would change them. Both then require that no raylet or GCS server is left.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from support import assert_no_ray_daemons_left, executed_text, require_or_skip
+
+from ddtk.course import catalog
+from ddtk.course.labcheck import verify_lab_checks
+from ddtk.course.run import run_notebook
+
+pytestmark = [pytest.mark.notebook, pytest.mark.ray, pytest.mark.slow]
+EXERCISES = 7
+
+
+@pytest.fixture(autouse=True)
+def _ray() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        require_or_skip("ray", f"Ray is not importable ({exc})")
+
+
+def test_every_check_fails_on_the_stub_and_passes_on_the_solution(tmp_path) -> None:
+    since = time.time()
+    nb = catalog.find("lab01").file
+    report = verify_lab_checks(nb, {"report_dir": str(tmp_path)}, cell_timeout=600)
+    assert_no_ray_daemons_left(since)
+    assert report.ok, report.describe()
+    assert len(report.outcomes) == EXERCISES, report.describe()
+    for number, outcome in enumerate(report.outcomes, start=1):
+        assert outcome.stub_error.startswith(f"CheckFailed: Exercise {number} ("), outcome
+        # Exercise 7's stub keeps the template text: its check names the blanks left.
+        assert ("is not done yet" if number < 7 else "blanks left") in outcome.stub_error, outcome
+    print(f"\n{report.describe()}")
+
+
+def test_runs_with_three_workers_and_other_epochs(tmp_path) -> None:
+    since = time.time()
+    params = {"num_workers": 3, "epochs": 2, "lr": 0.1, "accuracy_threshold": 0.5,
+              "scaling_workers": [1, 3], "scaling_epochs": 2, "report_dir": str(tmp_path)}  # fmt: skip
+    result = run_notebook(catalog.find("lab01").file, params, out_dir=tmp_path, timeout=600)
+    assert_no_ray_daemons_left(since)
+    assert result.ok, result.failure.describe() if result.failure else result.status
+    text = executed_text(result.output)
+    assert "Exercise 3 passed: training loop" in text
+    assert "3 workers on nodes" in text
+    assert "Ray Train, 3 worker(s) on 3 node(s)" in text
+    assert "DDP, 3 rank(s)" in text
+    assert "Ray processes left: none" in text
+    report = (tmp_path / "lab01-report.json").read_text()
+    assert '"num_workers": 3' in report
+    print(f"\nlab 01 with 3 workers: {result.seconds:.0f} s")
