@@ -146,7 +146,7 @@ def _resume(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
         return 0
     with checkpoint.as_directory() as folder:
         state = torch.load(Path(folder) / CHECKPOINT_FILE, weights_only=True)
-    model.load_state_dict(state["model"])
+    getattr(model, "module", model).load_state_dict(state["model"])  # saved unwrapped from DDP
     optimizer.load_state_dict(state["optimizer"])
     return int(state["epoch"]) + 1
 
