@@ -54,12 +54,19 @@ def outliving(procs: list[psutil.Process], grace: float = 5.0) -> list[psutil.Pr
 RAY_DAEMONS = ("raylet", "gcs_server")
 
 
-def ray_daemons(since: float) -> list[psutil.Process]:
-    """Live ``raylet`` and ``gcs_server`` processes started at or after ``since`` (a time.time()).
+def _ours(proc: psutil.Process, mine: set[int]) -> bool:
+    """A descendant of this process, or an orphan (its parent gone, so adopted by init)."""
+    return proc.pid in mine or proc.ppid() == 1
 
-    Scans every process, not only this one's children: a notebook kernel that dies or
-    is killed leaves its Ray cluster to init, where a child scan would not see it.
+
+def ray_daemons(since: float) -> list[psutil.Process]:
+    """Live ``raylet`` and ``gcs_server`` processes of this test run, started since ``since``.
+
+    Counts this process's descendants and orphans: a notebook kernel that dies or is
+    killed leaves its Ray cluster to init, where a child scan would not see it. A Ray
+    cluster that another program on the machine runs (its parent alive) is not ours.
     """
+    mine = {p.pid for p in psutil.Process().children(recursive=True)}
     found = []
     for proc in psutil.process_iter(["name", "create_time"]):
         try:
@@ -67,6 +74,7 @@ def ray_daemons(since: float) -> list[psutil.Process]:
                 proc.info["name"] in RAY_DAEMONS
                 and proc.info["create_time"] >= since - 1.0
                 and proc.status() != psutil.STATUS_ZOMBIE
+                and _ours(proc, mine)
             ):
                 found.append(proc)
         except psutil.Error:
