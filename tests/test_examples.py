@@ -83,6 +83,7 @@ MODULES = [
     "ddtk.quiz.widget",
     "ddtk.course.checks",
     "ddtk.monitoring",
+    "ddtk.examples.digits_data",
     "ddtk.examples.ray_digits",
 ]
 
