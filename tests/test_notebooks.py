@@ -7,9 +7,10 @@ this module checks that the parameters really scale the same notebook.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
-from support import executed_text
+from support import assert_no_ray_daemons_left, executed_text, require_or_skip
 
 from ddtk.course import catalog
 from ddtk.course.run import run_notebook
@@ -38,3 +39,38 @@ def test_lecture_05_runs_with_three_ranks_and_fp16(tmp_path) -> None:
     assert "scales equal at every step: True" in text
     assert "rank 2: skipped" in text  # the distributed demo ran on three ranks
     assert "fp16 autocast + loss scaler" in text
+
+
+@pytest.mark.ray
+def test_lecture_02_attaches_to_a_running_cluster(tmp_path) -> None:
+    """``ray_address`` set, as on a real cluster: the notebook starts no cluster of its own,
+    uses the nodes it finds (the second one advertises ``ddtk_node2``), and at the end only
+    disconnects, leaving the cluster it did not start running."""
+    try:
+        from ray.cluster_utils import Cluster
+    except ImportError as exc:
+        require_or_skip("ray", f"Ray is not importable ({exc})")
+    since = time.time()
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args={"num_cpus": 2, "include_dashboard": False},
+    )
+    try:
+        cluster.add_node(num_cpus=2, resources={"ddtk_node2": 1})
+        cluster.wait_for_nodes()
+        gcs = cluster.head_node.all_processes["gcs_server"][0].process
+        params = {"ray_address": cluster.address}
+        result = run_notebook(catalog.find("02").file, params, out_dir=tmp_path, timeout=300)
+        still_running = gcs.poll() is None
+    finally:
+        cluster.shutdown()
+    assert_no_ray_daemons_left(since)
+    assert result.ok, result.failure.describe() if result.failure else result.status
+    assert still_running, "the notebook stopped a Ray cluster that it had not started"
+    text = executed_text(result.output)
+    assert "attached to an existing cluster" in text
+    assert "2 Ray nodes, 4 logical CPUs" in text
+    assert "6 tasks asking for ddtk_node2: 0.25 ran on ['node 2']" in text
+    assert "Ray processes this notebook had started: none (attached)" in text
+    print(f"\nlecture 02 attached to a 2-node cluster: {result.seconds:.0f} s")
