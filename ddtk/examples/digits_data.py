@@ -4,8 +4,8 @@ This module imports numpy and nothing heavier at the top, on purpose. Ray Data
 pickles a ``map_batches`` function by reference, so every Ray worker process that
 runs :func:`scale_pixels` imports the module that defines it. Defined beside the
 training code, which imports torch and Ray Train, that import cost about 5 s of
-CPU per fresh worker on a 2-core laptop. Each epoch's first pipeline execution
-waited for it: 20-27 s for 1,437 rows in lab 01. Here a worker imports numpy only.
+CPU per fresh worker on a 2-core laptop, and each fit's first pipeline execution
+waited for it (20-27 s for 1,437 rows in lab 01). Here a worker imports numpy only.
 
 >>> parts = digits_split(val_fraction=0.2, seed=0)
 >>> parts["train"][0].shape, parts["val"][0].shape
@@ -30,8 +30,8 @@ __all__ = ["digits_datasets", "digits_split", "scale_pixels"]
 def scale_pixels(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The preprocessing step of the pipeline: digits pixels from [0, 16] to [-1, 1], as float32.
 
-    Ray Data calls it on batches of rows (a dict of column arrays) in its own tasks,
-    streaming, while the training workers consume earlier batches.
+    Ray Data calls it on batches of rows (a dict of column arrays) in its own tasks;
+    :func:`ddtk.examples.ray_digits.evaluate_checkpoint` calls it directly on numpy arrays.
     """
     image = batch["image"].astype(np.float32)
     return {"image": image / 8.0 - 1.0, "label": batch["label"].astype(np.int64)}
@@ -64,7 +64,8 @@ def digits_datasets(
     """The ``train`` and ``val`` Ray Datasets of :func:`digits_split`, with :func:`scale_pixels` applied.
 
     Columns ``image`` (float32, 1x8x8, in [-1, 1]) and ``label`` (int64). The
-    ``map_batches`` step is lazy: it runs, streaming, while the workers read.
+    ``map_batches`` step is lazy: it runs when the datasets are first read, or once
+    at ``materialize()``, which :func:`ddtk.examples.ray_digits.fit` calls.
     ``blocks`` is how many pieces each dataset is cut into: one Ray task per block
     and step, so a few hundred rows in hundreds of blocks (``from_items``' default
     here) cost far more in scheduling than in work.

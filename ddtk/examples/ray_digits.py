@@ -269,7 +269,7 @@ def fit(
     # The preprocessing is deterministic, so it runs once, here, before the workers start;
     # each epoch's shards then stream from the object store. Lazy, it would run again in
     # every epoch, and its first run would wait for cold Ray worker processes while the
-    # training workers import torch on the same cores (20-26 s per fit on 2 cores).
+    # training workers import torch on the same cores (20-27 s per fit on 2 cores).
     train, val = (dataset.materialize() for dataset in digits_datasets(seed=seed))
     queue = Queue(actor_options={"num_cpus": 0}) if on_report is not None else None
     config = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed}
