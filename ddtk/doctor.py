@@ -43,6 +43,8 @@ HINT_HOROVOD = (
     "about 4 minutes)"
 )
 HINT_RAY = "run `make venv` or `pip install -e .[ray]`"
+HINT_DEEPSPEED = "run `make venv` or `pip install -e .[deepspeed]`"
+HINT_TENSORFLOW = "run `make venv` or `pip install -e .[tensorflow]` (tensorflow with tf-keras)"
 HINT_NO_GPU = (
     "no CUDA GPU: the notebooks' NCCL parameters fall back to gloo on CPU "
     "(set `backend='nccl'`, `use_gpu=True` on a GPU machine)"
@@ -235,6 +237,16 @@ def probe_ray() -> Facts:
     return {"installed": found, "version": version, "error": None}
 
 
+def probe_packages(*names: str) -> Facts:
+    """Versions of optional packages from their metadata, without importing them.
+
+    DeepSpeed and TensorFlow take seconds to import, and TensorFlow must never be
+    imported beside torch; the course runs both in their own processes.
+    """
+    versions = {name: _dist_version(name) for name in names}
+    return {"installed": all(versions.values()), "versions": versions, "error": None}
+
+
 def probe_system() -> Facts:
     """Logical cores, the cores this process may use, and memory."""
     import psutil
@@ -299,6 +311,8 @@ def collect() -> Facts:
             },
         ),
         "ray": _safe(probe_ray, {"installed": False, "version": None}),
+        "deepspeed": _safe(lambda: probe_packages("deepspeed", "ninja"), {"installed": False}),
+        "tensorflow": _safe(lambda: probe_packages("tensorflow", "tf-keras"), {"installed": False}),
         "system": _safe(
             probe_system,
             {
@@ -403,8 +417,17 @@ def gpu_hint(facts: Facts) -> str | None:
     return HINT_NO_GPU
 
 
+def _package_hint(key: str, what: str, hint: str) -> Callable[[Facts], str | None]:
+    def check(facts: Facts) -> str | None:
+        return None if facts.get(key, {}).get("installed") else f"{what} is not installed: {hint}"
+
+    return check
+
+
 NEED_HINTS: dict[str, Callable[[Facts], str | None]] = {
     "ray": ray_hint,
+    "deepspeed": _package_hint("deepspeed", "DeepSpeed (with ninja)", HINT_DEEPSPEED),
+    "tensorflow": _package_hint("tensorflow", "TensorFlow with tf-keras", HINT_TENSORFLOW),
     "horovod": horovod_hint,
     "gpu": lambda facts: None if gpu_ready(facts) else "needs a CUDA GPU (none found here)",
 }
@@ -570,11 +593,11 @@ def _machine_table(facts: Facts) -> Any:
 
 
 def _tools_table(facts: Facts) -> Any:
-    """Horovod (with its build flags) and Ray."""
+    """Horovod (with its build flags), Ray, DeepSpeed and TensorFlow."""
     from rich.table import Table
 
     hvd, ray = facts["horovod"], facts["ray"]
-    table = Table(title="Horovod and Ray", show_header=False, title_justify="left")
+    table = Table(title="Horovod, Ray, DeepSpeed, TensorFlow", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value")
     if hvd.get("importable"):
@@ -593,6 +616,10 @@ def _tools_table(facts: Facts) -> Any:
     table.add_row("horovodrun", hvd.get("horovodrun") or "not found")
     ray_text = ray.get("version") if ray.get("installed") else "[yellow]not installed[/]"
     table.add_row("Ray", str(ray_text))
+    for key, label in (("deepspeed", "DeepSpeed"), ("tensorflow", "TensorFlow")):
+        pkg = facts.get(key, {})
+        versions = ", ".join(f"{n} {v or 'missing'}" for n, v in pkg.get("versions", {}).items())
+        table.add_row(label, versions if pkg.get("installed") else f"[yellow]not installed[/] {versions}")
     return table
 
 

@@ -21,6 +21,8 @@ __all__ = [
     "MLP",
     "MODELS",
     "LinearModel",
+    "ResNetSmall",
+    "ResidualBlock",
     "SmallCNN",
     "TinyTransformer",
     "TransformerBlock",
@@ -65,7 +67,52 @@ class LinearModel(nn.Sequential):
         super().__init__(nn.Flatten(), nn.Linear(input_dim, output_dim))
 
 
-MODELS = ("mlp", "cnn", "linear")
+class ResidualBlock(nn.Module):
+    """Two 3x3 conv + BatchNorm layers and a shortcut: ``relu(f(x) + shortcut(x))`` (He et al., 2016).
+
+    The shortcut is the identity, or a strided 1x1 convolution with BatchNorm when
+    the block changes the width or the resolution.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
+                nn.BatchNorm2d(out_channels),
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNetSmall(nn.Sequential):
+    """A ResNet-style CNN for small images: a conv stem, two residual stages, global pooling.
+
+    At the defaults (1x8x8 digits, ``width=16``) it has 19,706 parameters and
+    BatchNorm buffers, which data-parallel frameworks must broadcast or sync.
+    """
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 16):
+        super().__init__(
+            nn.Conv2d(in_channels, width, 3, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            ResidualBlock(width, width),
+            ResidualBlock(width, 2 * width, stride=2),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(2 * width, num_classes),
+        )
+
+
+MODELS = ("mlp", "cnn", "linear", "resnet")
 
 
 def build_model(
@@ -77,8 +124,8 @@ def build_model(
 ) -> nn.Module:
     """Build a model by name with seeded initial weights (the same on every rank for the same seed).
 
-    ``name`` is ``"mlp"``, ``"cnn"`` (needs a ``(C, H, W)`` input shape) or
-    ``"linear"``. ``num_classes`` is the output width (1 for regression).
+    ``name`` is ``"mlp"``, ``"cnn"`` (needs a ``(C, H, W)`` input shape),
+    ``"resnet"`` (:class:`ResNetSmall`, any ``(C, H, W)`` with H, W >= 2) or ``"linear"``. ``num_classes`` is the output width (1 for regression).
     """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
@@ -89,6 +136,12 @@ def build_model(
         return MLP(input_dim, hidden_dims, num_classes)
     if name == "linear":
         return LinearModel(input_dim, num_classes)
+    if name == "resnet":
+        if len(input_shape) != 3 or min(input_shape[1:]) < 2:
+            raise ValueError(
+                f"the resnet needs a (channels, height, width) input shape with sides >= 2, got {tuple(input_shape)}"
+            )
+        return ResNetSmall(input_shape[0], num_classes)
     if len(input_shape) != 3 or input_shape[1] != input_shape[2] or input_shape[1] < 2:
         raise ValueError(
             "the cnn needs a square (channels, side, side) input shape with side >= 2, "

@@ -212,6 +212,16 @@ def healthy_cpu_facts() -> dict[str, Any]:
             "error": None,
         },
         "ray": {"installed": True, "version": "2.60.0", "error": None},
+        "deepspeed": {
+            "installed": True,
+            "versions": {"deepspeed": "0.19.8", "ninja": "1.13.2"},
+            "error": None,
+        },
+        "tensorflow": {
+            "installed": True,
+            "versions": {"tensorflow": "2.21.0", "tf-keras": "2.21.0"},
+            "error": None,
+        },
         "system": {
             "cpu_count": 2,
             "affinity_count": 2,
@@ -286,6 +296,15 @@ def test_missing_ray_blocks_only_ray_notebooks_with_the_hint() -> None:
             assert row["backend"] is None
             assert any(doctor.HINT_RAY in reason for reason in row["reasons"])
     assert "pip install -e .[ray]" in hint_topics(with_changes(ray=NO_RAY))["ray"]
+
+
+def test_missing_deepspeed_or_tensorflow_blocks_lecture_03_with_the_extra() -> None:
+    for key, extra in (("deepspeed", ".[deepspeed]"), ("tensorflow", ".[tensorflow]")):
+        missing = {"installed": False, "versions": {key: None}}
+        rows = rows_by_name(with_changes(**{key: missing}), catalog())
+        assert not rows["03"]["runs"], rows["03"]
+        assert any(extra in reason for reason in rows["03"]["reasons"]), rows["03"]
+        assert rows["01"]["runs"]
 
 
 def test_missing_horovod_blocks_horovod_notebooks_with_make_horovod() -> None:

@@ -85,6 +85,14 @@ MODULES = [
     "ddtk.monitoring",
     "ddtk.examples.digits_data",
     "ddtk.examples.ray_digits",
+    "ddtk.examples.cnn_common",
+    "ddtk.frameworks.launchers",
+    "ddtk.frameworks.state",
+    "ddtk.frameworks.recipes",
+    "ddtk.frameworks.horovod_timeline",
+    "ddtk.frameworks.horovod_knobs",
+    "ddtk.frameworks.ddp_internals",
+    "ddtk.frameworks.zero_memory",
 ]
 
 

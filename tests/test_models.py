@@ -63,8 +63,8 @@ def test_count_parameters() -> None:
 
 
 def test_unknown_model() -> None:
-    with pytest.raises(ValueError, match="unknown model 'resnet'; choose one of mlp, cnn, linear"):
-        build_model("resnet")
+    with pytest.raises(ValueError, match="unknown model 'vgg'; choose one of mlp, cnn, linear, resnet"):
+        build_model("vgg")
 
 
 @pytest.mark.parametrize("shape", [(64,), (8, 8), (1, 8, 6), (1, 1, 8, 8), (1, 1, 1)])
@@ -73,3 +73,17 @@ def test_cnn_rejects_non_square_or_flat_shapes(shape: tuple) -> None:
         ValueError, match=r"the cnn needs a square \(channels, side, side\) input shape"
     ):
         build_model("cnn", input_shape=shape)
+
+
+def test_resnet_shapes_parameters_and_buffers(digits_batch: torch.Tensor) -> None:
+    """The ResNet-style CNN: logits per sample, the documented size, BatchNorm buffers, strided stage."""
+    from ddtk.models import ResNetSmall
+
+    model = build_model("resnet")
+    assert isinstance(model, ResNetSmall)
+    assert model(digits_batch).shape == (16, 10)
+    assert count_parameters(model) == 19_706
+    assert any("running_mean" in name for name, _ in model.named_buffers())
+    assert build_model("resnet", input_shape=(3, 12, 12), num_classes=7)(torch.randn(2, 3, 12, 12)).shape == (2, 7)
+    with pytest.raises(ValueError, match="sides >= 2"):
+        build_model("resnet", input_shape=(1, 1, 8))

@@ -60,9 +60,19 @@ def bench_parser() -> argparse.ArgumentParser:
         "--no-launch-overhead", action="store_true", help="skip measuring ddtk.launch start-up"
     )
     p.set_defaults(func=_run_collectives)
-    from ddtk.bench import checkpoint, compression, dp, memory, pipeline, precision, tp, zero
+    from ddtk.bench import (
+        checkpoint,
+        compression,
+        dp,
+        frameworks,
+        memory,
+        pipeline,
+        precision,
+        tp,
+        zero,
+    )
 
-    for module in (dp, compression, tp, pipeline, zero, precision, memory, checkpoint):
+    for module in (dp, compression, tp, pipeline, zero, precision, memory, checkpoint, frameworks):
         module.register(sub)
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
     return bench

@@ -49,7 +49,13 @@ NOTEBOOKS: tuple[NotebookEntry, ...] = (
     ),
     _entry("02", "course/02-ray.ipynb", "Ray, Ray Train and Ray Tune", "lecture", "ray"),
     _entry(
-        "03", "course/03-horovod-and-ddp.ipynb", "Horovod and PyTorch DDP", "lecture", "horovod"
+        "03",
+        "course/03-horovod-and-ddp.ipynb",
+        "Horovod and PyTorch DDP",
+        "lecture",
+        "horovod",
+        "deepspeed",
+        "tensorflow",
     ),
     _entry(
         "04",
