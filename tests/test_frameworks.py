@@ -123,15 +123,8 @@ def test_horovod_and_ddtk_recipes_train_identically(tmp_path, horovodrun) -> Non
 @pytest.mark.slow
 def test_ddp_and_deepspeed_recipes_train(tmp_path) -> None:
     port = launchers.free_port()
-    done = run_command(torchrun_command(2, ["-m", "ddtk.examples.cnn_ddp", "--epochs", "2", "--json",
-                                            str(tmp_path / "ddp.json")], master_port=port),
-                       echo=False, check=False)  # fmt: skip
-    if done.returncode != 0:
-        # torch 2.13 + gloo: about 1 DDP run in 10 aborts at interpreter exit, after the
-        # training and the JSON are done ("terminate called without an active exception";
-        # ddtk's DataParallel and Horovod never did in 16 runs). Anything else is a failure.
-        assert "terminate called without an active exception" in done.output, done.output[-3000:]
-        assert '"epoch": 2' in done.output, done.output[-3000:]
+    run_command(torchrun_command(2, ["-m", "ddtk.examples.cnn_ddp", "--epochs", "2", "--json",
+                                     str(tmp_path / "ddp.json")], master_port=port), echo=False)  # fmt: skip
     run_command(torchrun_command(2, ["-m", "ddtk.examples.cnn_deepspeed", "--epochs", "2", "--zero-stage", "2",
                                      "--json", str(tmp_path / "ds.json"), "--checkpoint", str(tmp_path / "ds")],
                                  master_port=launchers.free_port()), echo=False, timeout=400)  # fmt: skip
@@ -178,3 +171,11 @@ def test_comparison_frameworks_agree_and_zero_shards_state(horovodrun) -> None:
     for stage in (1, 2, 3):
         one, three = (by[(f"deepspeed-zero{stage}", w)]["state_bytes_per_rank"] for w in (1, 3))
         assert three < one, (stage, one, three)
+
+
+def test_exit_without_static_destructors_flushes_and_keeps_the_code() -> None:
+    code = ("import atexit; from ddtk.process_exit import exit_without_static_destructors;"
+            "atexit.register(lambda: print('atexit ran')); print('done', end='');"
+            "exit_without_static_destructors(3)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3 and out.stdout == "done"  # flushed, and no teardown ran

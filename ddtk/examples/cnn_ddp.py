@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddtk.data import load_dataset, train_test_split
 from ddtk.examples.cnn_common import build_parser, evaluate, parse_checked, warmup_lr
 from ddtk.models import build_model
+from ddtk.process_exit import exit_without_static_destructors
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,3 +82,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     main()
+    exit_without_static_destructors()  # torch 2.13 DDP on gloo can abort at teardown

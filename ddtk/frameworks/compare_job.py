@@ -219,7 +219,13 @@ def main(argv: list[str] | None = None) -> None:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "peak_rss_bytes": int(peak), **vars(args)}, f)
     dist.destroy_process_group()
+    import horovod.torch as hvd
+
+    hvd.shutdown()
 
 
 if __name__ == "__main__":
+    from ddtk.process_exit import exit_without_static_destructors
+
     main()
+    exit_without_static_destructors()  # torch 2.13 DDP on gloo can abort at teardown

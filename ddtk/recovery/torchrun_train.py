@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -55,6 +54,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ddtk.checkpoint import atomic_write_bytes, capture, latest, load, save
+from ddtk.process_exit import exit_without_static_destructors
 from ddtk.recovery.common import (
     RecoveryClock,
     build,
@@ -195,4 +195,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_static_destructors(main())  # torch 2.13 DDP on gloo can abort at teardown
