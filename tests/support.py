@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -82,18 +83,26 @@ def ray_daemons(since: float) -> list[psutil.Process]:
     return found
 
 
-def assert_no_ray_daemons_left(since: float, grace: float = 30.0) -> None:
-    """Fail, and kill them, if raylets or GCS servers started since ``since`` outlive ``grace``."""
+def assert_none_left(find: Callable[[float], list], since: float, grace: float, what: str) -> None:
+    """Fail, and kill them, if the processes ``find(since)`` returns outlive ``grace`` seconds."""
     import time
 
     deadline = time.monotonic() + grace
-    left = ray_daemons(since)
+    left = find(since)
     while left and time.monotonic() < deadline:
         time.sleep(0.5)
-        left = ray_daemons(since)
+        left = find(since)
     if left:
-        names = ", ".join(f"{p.pid} ({p.info['name']})" for p in left)
+        names = ", ".join(
+            f"{p.pid} ({' '.join((p.info.get('cmdline') or [p.info.get('name') or '?'])[:4])})"
+            for p in left
+        )
         for proc in left:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
-        pytest.fail(f"Ray processes left running: {names}")
+        pytest.fail(f"{what} processes left running: {names}")
+
+
+def assert_no_ray_daemons_left(since: float, grace: float = 30.0) -> None:
+    """Fail, and kill them, if raylets or GCS servers started since ``since`` outlive ``grace``."""
+    assert_none_left(ray_daemons, since, grace, "Ray")

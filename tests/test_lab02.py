@@ -12,14 +12,13 @@ Horovod launcher, rank or torchrun is left running.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from support import executed_text
+from support import assert_none_left, executed_text
 
 from ddtk.course import catalog
 from ddtk.course.labcheck import verify_lab_checks
@@ -56,17 +55,7 @@ def horovod_processes(since: float) -> list[psutil.Process]:
 
 def assert_no_horovod_left(since: float, grace: float = 20.0) -> None:
     """Fail, and kill them, if Horovod processes started since ``since`` outlive ``grace``."""
-    deadline = time.monotonic() + grace
-    left = horovod_processes(since)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.5)
-        left = horovod_processes(since)
-    if left:
-        names = ", ".join(f"{p.pid} ({' '.join(p.info['cmdline'][:4])})" for p in left)
-        for proc in left:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        pytest.fail(f"Horovod processes left running: {names}")
+    assert_none_left(horovod_processes, since, grace, "Horovod")
 
 
 def test_every_check_fails_on_the_stub_and_passes_on_the_solution(
