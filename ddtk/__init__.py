@@ -8,7 +8,8 @@ The public face of the package is small:
 - :class:`ReduceOp` names the reductions;
 - :class:`RankError` is raised by :func:`launch` when a rank fails;
 - :class:`CollectiveTimeoutError` and :class:`PeerLostError` are raised inside a rank
-  when a peer hangs or dies (with ``launch(..., op_timeout=...)``).
+  when a peer dies, or hangs for ``op_timeout`` (300 s unless ``launch(..., op_timeout=)``
+  or ``DDTK_OP_TIMEOUT`` says otherwise).
 """
 
 from __future__ import annotations

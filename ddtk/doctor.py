@@ -282,6 +282,7 @@ FAULTS_MISSING: Facts = {
     "op_timeout_env": "DDTK_OP_TIMEOUT",
     "op_timeout": None,
     "op_timeout_error": None,
+    "op_timeout_default": True,
     "torchrun": None,
     "horovodrun": None,
     "ray": False,
@@ -471,15 +472,16 @@ def _cores_hint(facts: Facts) -> str | None:
 
 
 def op_timeout_hint(facts: Facts) -> str | None:
-    """A bad ``DDTK_OP_TIMEOUT`` breaks every launch; an unset one leaves hangs to launch's timeout."""
+    """A bad ``DDTK_OP_TIMEOUT`` breaks every launch; ``off`` leaves hangs to launch's timeout."""
     faults = facts.get("faults", {})
+    env = faults.get("op_timeout_env", "DDTK_OP_TIMEOUT")
     if faults.get("op_timeout_error"):
         return f"{faults['op_timeout_error']}: fix or unset it, or every rank fails at start-up"
     if faults.get("op_timeout") is None:
         return (
-            f"{faults.get('op_timeout_env', 'DDTK_OP_TIMEOUT')} is unset: a hung peer is only "
-            "caught by ddtk.launch(timeout=); set it (e.g. 60) or pass launch(op_timeout=) to "
-            "get CollectiveTimeoutError naming the collective and the missing rank"
+            f"{env} is off: a hung peer is only caught by ddtk.launch(timeout=); unset it "
+            "(default 300 s) or set a number of seconds to get CollectiveTimeoutError naming "
+            "the collective and the missing rank"
         )
     return None
 
@@ -597,7 +599,9 @@ def _tools_table(facts: Facts) -> Any:
     from rich.table import Table
 
     hvd, ray = facts["horovod"], facts["ray"]
-    table = Table(title="Horovod, Ray, DeepSpeed, TensorFlow", show_header=False, title_justify="left")
+    table = Table(
+        title="Horovod, Ray, DeepSpeed, TensorFlow", show_header=False, title_justify="left"
+    )
     table.add_column("what", style="bold")
     table.add_column("value")
     if hvd.get("importable"):
@@ -619,7 +623,9 @@ def _tools_table(facts: Facts) -> Any:
     for key, label in (("deepspeed", "DeepSpeed"), ("tensorflow", "TensorFlow")):
         pkg = facts.get(key, {})
         versions = ", ".join(f"{n} {v or 'missing'}" for n, v in pkg.get("versions", {}).items())
-        table.add_row(label, versions if pkg.get("installed") else f"[yellow]not installed[/] {versions}")
+        table.add_row(
+            label, versions if pkg.get("installed") else f"[yellow]not installed[/] {versions}"
+        )
     return table
 
 
@@ -634,9 +640,10 @@ def _faults_table(facts: Facts) -> Any:
     if faults.get("op_timeout_error"):
         timeout = f"[red]invalid[/] {faults['op_timeout_error']}"
     elif faults.get("op_timeout") is None:
-        timeout = "[yellow]unset[/] (hangs end only at launch's timeout)"
+        timeout = "[yellow]off[/] (hangs end only at launch's timeout)"
     else:
-        timeout = f"{faults['op_timeout']:g} s"
+        where = "default" if faults.get("op_timeout_default") else "from the environment"
+        timeout = f"{faults['op_timeout']:g} s ({where})"
     table.add_row(f"op timeout ({faults.get('op_timeout_env', 'DDTK_OP_TIMEOUT')})", timeout)
     for tool in ("torchrun", "horovodrun"):
         table.add_row(tool, faults.get(tool) or "[yellow]not found[/]")

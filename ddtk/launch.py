@@ -262,7 +262,9 @@ def launch(
             a rank makes, while the ranks run: live plots and progress in a notebook.
         op_timeout: seconds a send, receive or collective may make no progress before it
             raises :class:`~ddtk.comm.transport.CollectiveTimeoutError` naming the missing
-            rank (sets ``DDTK_OP_TIMEOUT`` in the ranks); None leaves hangs to ``timeout``.
+            rank (sets ``DDTK_OP_TIMEOUT`` in the ranks). None keeps ``DDTK_OP_TIMEOUT``
+            if set, else 300 s (``ddtk.comm.context.DEFAULT_OP_TIMEOUT``); 0 turns it
+            off and leaves hangs to ``timeout``.
 
     Raises:
         RankError: a rank raised or died; carries its rank number and traceback.
@@ -273,10 +275,12 @@ def launch(
 
     backend = _validate(fn, world_size, backend, timeout, threads)
     if op_timeout is not None and (
-        isinstance(op_timeout, bool) or not isinstance(op_timeout, (int, float)) or op_timeout <= 0
+        isinstance(op_timeout, bool)
+        or not isinstance(op_timeout, (int, float))
+        or not 0 <= op_timeout < float("inf")
     ):
         raise ValueError(
-            f"op_timeout must be a positive number of seconds or None, got {op_timeout!r}"
+            f"op_timeout must be a number of seconds >= 0 (0: off) or None, got {op_timeout!r}"
         )
     limit = 10 * 365 * 86400.0 if timeout is None else float(timeout)
     store = dist.TCPStore(
@@ -298,7 +302,7 @@ def launch(
         for rank in range(world_size):
             env = _child_env(rank, world_size, store.port, threads)
             if op_timeout is not None:
-                env["DDTK_OP_TIMEOUT"] = str(float(op_timeout))
+                env["DDTK_OP_TIMEOUT"] = str(float(op_timeout)) if op_timeout else "off"
             r = _spawn(rank, job, env, echo)
             ranks.append(r)
             sel.register(r.result_fd, selectors.EVENT_READ, r)

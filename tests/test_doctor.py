@@ -233,6 +233,7 @@ def healthy_cpu_facts() -> dict[str, Any]:
             "op_timeout_env": "DDTK_OP_TIMEOUT",
             "op_timeout": 60.0,
             "op_timeout_error": None,
+            "op_timeout_default": False,
             "torchrun": "/venv/bin/torchrun",
             "horovodrun": "/venv/bin/horovodrun",
             "ray": True,
@@ -452,17 +453,23 @@ def test_json_reports_the_failure_model_and_recovery_tools(
 
 def test_op_timeout_from_the_environment_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDTK_OP_TIMEOUT", "45")
-    assert doctor.collect()["faults"]["op_timeout"] == 45.0
+    facts = doctor.collect()["faults"]
+    assert facts["op_timeout"] == 45.0 and not facts["op_timeout_default"]
+    monkeypatch.delenv("DDTK_OP_TIMEOUT")
+    facts = doctor.collect()["faults"]
+    assert facts["op_timeout"] == 300.0 and facts["op_timeout_default"]
+    monkeypatch.setenv("DDTK_OP_TIMEOUT", "off")
+    assert doctor.collect()["faults"]["op_timeout"] is None
     monkeypatch.setenv("DDTK_OP_TIMEOUT", "soon")
     facts = doctor.collect()["faults"]
     assert facts["op_timeout"] is None and "'soon'" in facts["op_timeout_error"]
 
 
-def test_unset_op_timeout_is_an_info_hint_and_a_bad_one_an_error() -> None:
+def test_op_timeout_off_is_an_info_hint_and_a_bad_one_an_error() -> None:
     assert "faults" not in hint_topics(healthy_cpu_facts())
-    unset = with_changes(faults={"op_timeout": None})
-    (item,) = [h for h in doctor.hints(unset) if h["topic"] == "faults"]
-    assert item["level"] == "info" and "DDTK_OP_TIMEOUT is unset" in item["hint"]
+    off = with_changes(faults={"op_timeout": None})
+    (item,) = [h for h in doctor.hints(off) if h["topic"] == "faults"]
+    assert item["level"] == "info" and "DDTK_OP_TIMEOUT is off" in item["hint"]
     bad = with_changes(faults={"op_timeout": None, "op_timeout_error": "DDTK_OP_TIMEOUT bad"})
     (item,) = [h for h in doctor.hints(bad) if h["topic"] == "faults"]
     assert item["level"] == "error" and "DDTK_OP_TIMEOUT bad" in item["hint"]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ddtk
-from ddtk.comm.context import DistributedContext
+from ddtk.comm.context import DEFAULT_OP_TIMEOUT, DistributedContext
 from ddtk.faults import (
     CollectiveTimeoutError,
     FaultPlan,
@@ -178,17 +178,24 @@ def test_watched_collectives_stay_correct(world, monkeypatch):
 
 
 def test_op_timeout_argument_is_checked(monkeypatch):
-    with pytest.raises(ValueError, match="op_timeout must be > 0"):
-        DistributedContext(0, 1, "gloo", "cpu", op_timeout=0)
+    for bad in (-1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="op_timeout must be >= 0"):
+            DistributedContext(0, 1, "gloo", "cpu", op_timeout=bad)
     with pytest.raises(TypeError, match="op_timeout must be a number"):
         DistributedContext(0, 1, "gloo", "cpu", op_timeout="5")
-    monkeypatch.setenv("DDTK_OP_TIMEOUT", "soon")
-    with pytest.raises(ValueError, match="DDTK_OP_TIMEOUT must be a number"):
-        DistributedContext(0, 1, "gloo", "cpu")
+    for bad, says in (("soon", "must be a number"), ("-3", "must be > 0"), ("inf", "must be > 0")):
+        monkeypatch.setenv("DDTK_OP_TIMEOUT", bad)
+        with pytest.raises(ValueError, match=f"DDTK_OP_TIMEOUT {says}"):
+            DistributedContext(0, 1, "gloo", "cpu")
     monkeypatch.setenv("DDTK_OP_TIMEOUT", "7.5")
     assert DistributedContext(0, 1, "gloo", "cpu").op_timeout == 7.5
+    assert DistributedContext(0, 1, "gloo", "cpu", op_timeout=2).op_timeout == 2.0
+    assert DistributedContext(0, 1, "gloo", "cpu", op_timeout=0).op_timeout is None
+    for off in ("off", "OFF", "none", "0"):
+        monkeypatch.setenv("DDTK_OP_TIMEOUT", off)
+        assert DistributedContext(0, 1, "gloo", "cpu").op_timeout is None
     monkeypatch.delenv("DDTK_OP_TIMEOUT")
-    assert DistributedContext(0, 1, "gloo", "cpu").op_timeout is None
+    assert DistributedContext(0, 1, "gloo", "cpu").op_timeout == DEFAULT_OP_TIMEOUT == 300.0
     assert issubclass(CollectiveTimeoutError, TimeoutError)
     assert issubclass(PeerLostError, ConnectionError)
 
@@ -336,6 +343,19 @@ def test_crash_during_can_raise_and_always_restores(tmp_path):
 
 
 def test_launch_rejects_a_bad_op_timeout() -> None:
-    for bad in (0, -1.0, "5", True):
-        with pytest.raises(ValueError, match="op_timeout must be a positive number"):
+    for bad in (-1.0, float("inf"), "5", True):
+        with pytest.raises(ValueError, match="op_timeout must be a number of seconds >= 0"):
             ddtk.launch(_survivor_writes_error, 1, op_timeout=bad)
+
+
+def _op_timeout(ctx):
+    return ctx.op_timeout
+
+
+def test_launch_has_an_op_timeout_by_default_and_zero_turns_it_off(monkeypatch) -> None:
+    monkeypatch.delenv("DDTK_OP_TIMEOUT", raising=False)
+    assert ddtk.launch(_op_timeout, 2, echo=False) == [DEFAULT_OP_TIMEOUT] * 2
+    assert ddtk.launch(_op_timeout, 2, echo=False, op_timeout=0) == [None, None]
+    monkeypatch.setenv("DDTK_OP_TIMEOUT", "off")
+    assert ddtk.launch(_op_timeout, 1, echo=False) == [None]
+    assert ddtk.launch(_op_timeout, 1, echo=False, op_timeout=12) == [12.0]

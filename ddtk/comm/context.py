@@ -8,12 +8,20 @@ times every collective into :attr:`stats`, and never modifies its inputs.
 
 Results live on :attr:`device` (``cpu`` with gloo, ``cuda:<local rank>`` with NCCL).
 
-``op_timeout`` (seconds; default: the ``DDTK_OP_TIMEOUT`` environment variable,
-else none) turns a hang into an error: a receive or collective that makes no
-progress for that long raises :class:`CollectiveTimeoutError` naming the
-collective, this rank and the rank(s) it waited for; a peer that dies mid-way
-gives :class:`PeerLostError`. After either, the group is broken (gloo closes the
-connection): end the run and resume from the last checkpoint.
+``op_timeout`` (seconds) turns a hang into an error: a receive or collective
+that makes no progress for that long raises :class:`CollectiveTimeoutError`
+naming the collective, this rank and the rank(s) it waited for; a peer that dies
+mid-way gives :class:`PeerLostError`. After either, the group is broken (gloo
+closes the connection): end the run and resume from the last checkpoint.
+
+It is on by default: :data:`DEFAULT_OP_TIMEOUT` (300 s) unless the
+``DDTK_OP_TIMEOUT`` environment variable or the ``op_timeout`` argument says
+otherwise; ``DDTK_OP_TIMEOUT=off`` (or ``0``, or ``op_timeout=0``) turns it off.
+Five minutes is far longer than any single send or receive of this kit takes,
+and shorter than torch's own process-group timeout (10 minutes for NCCL), so a
+hung peer is named by ddtk before torch's watchdog reports it without a name.
+A program in which one rank legitimately works alone for longer (a long
+evaluation on rank 0 while the others wait in a collective) should raise it.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ from ddtk.comm.transport import (
 )
 
 OP_TIMEOUT_ENV = "DDTK_OP_TIMEOUT"
+DEFAULT_OP_TIMEOUT = 300.0
+_OFF = ("off", "none", "0", "0.0")
 
 _MAX_PENDING_SENDS = 256
 
@@ -73,16 +83,28 @@ def _env_int(*names: str) -> int | None:
 
 
 def op_timeout_from_env() -> float | None:
-    """The per-operation timeout in :data:`OP_TIMEOUT_ENV` (seconds), or None when unset."""
+    """The per-operation timeout in seconds: :data:`OP_TIMEOUT_ENV`, else :data:`DEFAULT_OP_TIMEOUT`.
+
+    None means off (``DDTK_OP_TIMEOUT=off``, ``none`` or ``0``): a hung peer is then
+    only caught by the launcher's own timeout. Anything else that is not a positive
+    number raises ValueError naming the variable.
+
+    >>> DEFAULT_OP_TIMEOUT
+    300.0
+    """
     value = os.environ.get(OP_TIMEOUT_ENV, "").strip()
     if not value:
+        return DEFAULT_OP_TIMEOUT
+    if value.lower() in _OFF:
         return None
     try:
         seconds = float(value)
     except ValueError:
-        raise ValueError(f"{OP_TIMEOUT_ENV} must be a number of seconds, got {value!r}") from None
-    if not seconds > 0:
-        raise ValueError(f"{OP_TIMEOUT_ENV} must be > 0 seconds, got {value!r}")
+        raise ValueError(
+            f"{OP_TIMEOUT_ENV} must be a number of seconds or 'off', got {value!r}"
+        ) from None
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{OP_TIMEOUT_ENV} must be > 0 seconds (or 'off'), got {value!r}")
     return seconds
 
 
@@ -119,8 +141,12 @@ class DistributedContext:
             op_timeout = op_timeout_from_env()
         elif isinstance(op_timeout, bool) or not isinstance(op_timeout, (int, float)):
             raise TypeError(f"op_timeout must be a number of seconds, got {op_timeout!r}")
-        elif not op_timeout > 0:
-            raise ValueError(f"op_timeout must be > 0 seconds, got {op_timeout!r}")
+        elif not 0 <= op_timeout < float("inf"):
+            raise ValueError(
+                f"op_timeout must be >= 0 seconds (0 turns it off), got {op_timeout!r}"
+            )
+        elif op_timeout == 0:
+            op_timeout = None
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
@@ -161,7 +187,7 @@ class DistributedContext:
         inside a Ray Train worker (the group is already initialised), under SLURM
         (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, with MASTER_ADDR/PORT exported
         by the batch script) and under :func:`ddtk.launch`. ``op_timeout`` defaults to
-        the ``DDTK_OP_TIMEOUT`` environment variable (see the module docstring).
+        ``DDTK_OP_TIMEOUT``, else 300 s; 0 turns it off (see the module docstring).
         """
         local_size = _env_int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE") or 1
         local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID") or 0

@@ -1,9 +1,9 @@
 """Fault injection: break ranks and files on purpose, and turn hangs into errors.
 
-The per-operation timeout lives in the communication layer
-(``DistributedContext(op_timeout=...)`` or the ``DDTK_OP_TIMEOUT`` environment
-variable, which :func:`ddtk.launch` passes on to its ranks); its errors are
-re-exported here. The injectors are in :mod:`ddtk.faults.injectors`.
+The per-operation timeout lives in the communication layer: 300 s by default,
+changed by ``DistributedContext(op_timeout=...)`` or the ``DDTK_OP_TIMEOUT``
+environment variable (which :func:`ddtk.launch` passes on to its ranks), ``off``
+or 0 to turn it off; its errors are re-exported here. The injectors are in :mod:`ddtk.faults.injectors`.
 
 >>> from ddtk.faults import CollectiveTimeoutError
 >>> issubclass(CollectiveTimeoutError, TimeoutError)

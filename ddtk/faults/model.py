@@ -116,6 +116,7 @@ def probe() -> dict[str, Any]:
         "op_timeout_env": OP_TIMEOUT_ENV,
         "op_timeout": op_timeout,
         "op_timeout_error": op_timeout_error,
+        "op_timeout_default": not os.environ.get(OP_TIMEOUT_ENV, "").strip(),
         "torchrun": _tool("torchrun"),
         "horovodrun": _tool("horovodrun"),
         "ray": importlib.util.find_spec("ray") is not None,
