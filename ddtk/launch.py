@@ -86,13 +86,23 @@ def _validate(fn: Callable, world_size: Any, backend: str, timeout: Any, threads
     return resolve_backend(backend, world_size)
 
 
-def _child_env(rank: int, world_size: int, port: int, threads: int) -> dict[str, str]:
+def child_python_env() -> dict[str, str]:
+    """This environment, with a PYTHONPATH under which a child imports what this process can.
+
+    Functions pickled by reference (defined in a test module, or in a module next
+    to a notebook) are found again in the child that unpickles them.
+    """
     env = dict(os.environ)
     path = [_PACKAGE_PARENT, *[p for p in sys.path if p and os.path.isdir(p)]]
     if env.get("PYTHONPATH"):
         path.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
+    return env
+
+
+def _child_env(rank: int, world_size: int, port: int, threads: int) -> dict[str, str]:
+    env = child_python_env()
     env.update(
-        PYTHONPATH=os.pathsep.join(dict.fromkeys(path)),
         PYTHONUNBUFFERED="1",
         OMP_NUM_THREADS=str(threads),
         MKL_NUM_THREADS=str(threads),

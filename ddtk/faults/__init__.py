@@ -3,7 +3,10 @@
 The per-operation timeout lives in the communication layer: 300 s by default,
 changed by ``DistributedContext(op_timeout=...)`` or the ``DDTK_OP_TIMEOUT``
 environment variable (which :func:`ddtk.launch` passes on to its ranks), ``off``
-or 0 to turn it off; its errors are re-exported here. The injectors are in :mod:`ddtk.faults.injectors`.
+or 0 to turn it off; its errors are re-exported here. The injectors are in
+:mod:`ddtk.faults.injectors`; :func:`run_drill` (:mod:`ddtk.faults.drill`) SIGKILLs
+a resumable training process at random moments and compares its end with an
+uninterrupted run, bit for bit.
 
 >>> from ddtk.faults import CollectiveTimeoutError
 >>> issubclass(CollectiveTimeoutError, TimeoutError)
@@ -12,6 +15,7 @@ True
 
 from ddtk.comm.context import OP_TIMEOUT_ENV
 from ddtk.comm.transport import CollectiveTimeoutError, CommunicationError, PeerLostError
+from ddtk.faults.drill import DrillError, DrillReport, run_drill
 from ddtk.faults.injectors import (
     FaultPlan,
     Hang,
@@ -32,6 +36,8 @@ __all__ = [
     "OP_TIMEOUT_ENV",
     "CollectiveTimeoutError",
     "CommunicationError",
+    "DrillError",
+    "DrillReport",
     "FaultPlan",
     "Hang",
     "Injector",
@@ -44,6 +50,7 @@ __all__ = [
     "hang",
     "kill_at_step",
     "raise_at_step",
+    "run_drill",
     "straggler",
     "truncate_file",
 ]
