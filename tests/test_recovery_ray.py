@@ -46,7 +46,9 @@ def _start(ray, attempts: int = 2) -> None:
     """ray.init; on this loaded machine the raylet may miss Ray's fixed 30 s registration wait."""
     for attempt in range(1, attempts + 1):
         try:
-            ray.init(num_cpus=WORKERS, include_dashboard=False, log_to_driver=False)
+            ray.init(
+                address="local", num_cpus=WORKERS, include_dashboard=False, log_to_driver=False
+            )
             return
         except Exception as exc:  # Ray raises a bare Exception for a node startup timeout
             ray.shutdown()

@@ -288,7 +288,9 @@ def run(
     }
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=max(2, num_workers), include_dashboard=False)
+        # A fresh local session, never a cluster that happens to run on this machine
+        # (ray.init() without an address would attach to it, and reject num_cpus).
+        ray.init(address="local", num_cpus=max(2, num_workers), include_dashboard=False)
     try:
         trainer = TorchTrainer(
             train_loop,
