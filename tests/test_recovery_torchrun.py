@@ -224,7 +224,12 @@ def test_killed_worker_is_restarted_and_only_uncommitted_steps_are_recomputed(tm
     kill_step = 25  # between the commits at 20 and 30
     last_commit = kill_step // EVERY * EVERY
     result = torchrun(tmp_path, "--kill-rank", "1", "--kill-step", str(kill_step))
-    assert "exitcode: -9" in result.stdout  # torchrun saw the SIGKILL
+    # rank 1 really SIGKILLed itself (torchrun's own failure line names whichever rank it
+    # polled first, the killed one or the survivor whose gloo connection closed, so it is
+    # not checked); the restart count below shows that torchrun restarted the group
+    assert (tmp_path / f"killed-rank1-step{kill_step}").exists()
+    assert RecoveryClock(tmp_path).crash_time() is not None
+    assert f"restart 1: resuming at step {last_commit}" in result.stdout
     final = json.loads((tmp_path / "final.json").read_text())
     assert final["restarts"] == 1 and final["start_step"] == last_commit
     # bitwise equal to the uninterrupted run (equal to the reference, previous test)
