@@ -188,6 +188,23 @@ def test_build_rejects_unbalanced_markdown_markers() -> None:
         build_lab(nb, "lab09.ipynb")
 
 
+def test_blocks_of_one_cell_with_the_same_title_are_one_exercise() -> None:
+    from ddtk.course.build import _stub_code
+
+    two_functions = (
+        "def save(x):\n    # BEGIN SOLUTION save and load\n    return x\n    # END SOLUTION\n\n\n"
+        "def load(x):\n    # BEGIN SOLUTION save and load\n    return x\n    # END SOLUTION\n\n\n"
+        "def other(x):\n    # BEGIN SOLUTION something else\n    return x\n    # END SOLUTION"
+    )
+    source, titles = _stub_code(two_functions, "lab.ipynb", 3, first_exercise=4)
+    assert titles == ["save and load", "something else"]
+    assert source.count('raise NotImplementedError("Exercise 4: save and load")') == 2
+    assert 'raise NotImplementedError("Exercise 5: something else")' in source
+    # the same title in another cell is another exercise
+    _, later = _stub_code(two_functions.split("\n\n\n")[0], "lab.ipynb", 5, first_exercise=6)
+    assert later == ["save and load"]
+
+
 def test_build_labs_error_names_the_notebook_file_and_writes_nothing(tmp_path: Path) -> None:
     write(notebook(code("# BEGIN SOLUTION\nx = 1")), tmp_path / "solutions" / "lab09-bad.ipynb")
     with pytest.raises(MarkerError, match=r"lab09-bad\.ipynb: cell\[0\]"):

@@ -11,7 +11,8 @@ and becomes one line at the indentation of ``# BEGIN SOLUTION``::
     raise NotImplementedError("Exercise 2: ring all-reduce")
 
 where the number counts the code exercises of the notebook in order and the title is
-the optional text after ``# BEGIN SOLUTION``. In a markdown cell, text between the
+the optional text after ``# BEGIN SOLUTION``. Blocks of one cell with the same title
+are one exercise (an answer spread over two functions) and share its number. In a markdown cell, text between the
 lines ``<!-- BEGIN SOLUTION -->`` and ``<!-- END SOLUTION -->`` is removed (and a
 cell left empty is dropped). Markers must be lines of their own; a marker anywhere
 else, or an unbalanced one, is an error naming the notebook and the cell, so an
@@ -96,9 +97,12 @@ def _stub_code(
                 )
             open_at = line_no
             title = (begin.group("title") or "").strip()
-            number = first_exercise + len(titles)
+            if title and title in titles:  # another block of the same exercise (two functions)
+                number = first_exercise + titles.index(title)
+            else:
+                number = first_exercise + len(titles)
+                titles.append(title)
             message = f"Exercise {number}: {title}" if title else f"Exercise {number}"
-            titles.append(title)
             out.append(
                 f"{begin.group('indent')}raise NotImplementedError({json.dumps(message, ensure_ascii=False)})"
             )

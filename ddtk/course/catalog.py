@@ -88,7 +88,7 @@ NOTEBOOKS: tuple[NotebookEntry, ...] = (
     ),
     _entry(
         "lab03",
-        "solutions/lab03-fault-tolerance.ipynb",
+        "solutions/lab03-fault-tolerant.ipynb",
         "Lab 03: Fault-tolerant training",
         "lab",
         "ray",

@@ -1,0 +1,71 @@
+"""Lab 03 (fault tolerance): every check fails on its stub and passes on the solution.
+
+One run of the solution notebook at its laptop defaults, in one kernel: before each
+check cell it runs the stub that ``ddtk course build`` writes for the exercises that
+check covers, and the check must fail with a teaching ``CheckFailed``; then the
+solution and the check again, which must pass
+(:func:`ddtk.course.labcheck.verify_lab_checks`). The run is the real one: part 1
+SIGKILLs a training process three times, part 3 removes a Ray node, adds one back
+and kills a worker while an elastic ``TorchTrainer`` trains. Afterwards no raylet or
+GCS server of the run may be left, and the hand-in report must hold what the lab
+measured: three faults, each restart resumed from the last commit, no violation of
+the consistency checks, and a run whose world size really changed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from support import assert_no_ray_daemons_left, require_or_skip
+
+from ddtk.course import catalog
+from ddtk.course.labcheck import verify_lab_checks
+
+pytestmark = [pytest.mark.notebook, pytest.mark.ray, pytest.mark.slow]
+EXERCISES = 7
+
+
+@pytest.fixture(autouse=True)
+def _ray() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        require_or_skip("ray", f"Ray is not importable ({exc})")
+
+
+def test_every_check_fails_on_the_stub_and_passes_on_the_solution(tmp_path: Path) -> None:
+    since = time.time()
+    nb = catalog.find("lab03").file
+    report = verify_lab_checks(nb, {"report_dir": str(tmp_path)}, cell_timeout=300)
+    assert_no_ray_daemons_left(since)
+    assert report.ok, report.describe()
+    assert len(report.outcomes) == EXERCISES, report.describe()
+    for number, outcome in enumerate(report.outcomes, start=1):
+        assert outcome.stub_error.startswith(f"CheckFailed: Exercise {number} ("), outcome
+        assert "is not done yet" in outcome.stub_error, outcome
+
+    handed_in = json.loads((tmp_path / "lab03-report.json").read_text())
+    part1 = handed_in["part1"]
+    assert part1["kills"] == 3 and part1["bitwise_equal"] is True
+    assert part1["young_s"] > 0 and part1["save_ms"] > 0
+    faults = {row["fault"]: row for row in handed_in["part3"]["faults"]}
+    assert list(faults) == ["node removed", "node added", "worker killed"]
+    assert (faults["node removed"]["world_before"], faults["node removed"]["world_after"]) == (2, 1)
+    assert (faults["node added"]["world_before"], faults["node added"]["world_after"]) == (1, 2)
+    assert (faults["worker killed"]["world_before"], faults["worker killed"]["world_after"]) == (
+        2,
+        2,
+    )
+    for row in faults.values():
+        assert row["steps_lost"] >= 0, row
+        assert row["recovery_s"] >= row["restart_s"] > 0, row
+    part4 = handed_in["part4"]
+    assert set(part4["violations"].values()) == {0}, part4
+    assert set(part4["schedule_counts"]) == {"1", "2"}, part4
+    assert all(part4["planted_faults_caught"].values()), part4
+    assert part4["max_diff_same_schedule"] == 0.0 and part4["max_diff_fixed_world"] > 0.0
+    assert (tmp_path / "lab03-report.md").read_text().startswith("# Lab 03 report")
+    print(f"\n{report.describe()}\n{(tmp_path / 'lab03-report.md').read_text()}")
