@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import psutil
 import pytest
@@ -23,6 +25,15 @@ def require_or_skip(name: str, reason: str) -> None:
             f"{name} is required here (DDTK_REQUIRE={os.environ['DDTK_REQUIRE']}) but {reason}"
         )
     pytest.skip(reason)
+
+
+def import_or_require(module: str, name: str) -> ModuleType:
+    """Import ``module``; if it cannot be imported, skip, or fail when DDTK_REQUIRE names ``name``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        require_or_skip(name, f"{module} is not importable ({exc})")
+        raise  # not reached: require_or_skip raises
 
 
 def executed_text(notebook: str | os.PathLike[str]) -> str:

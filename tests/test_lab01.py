@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from support import assert_no_ray_daemons_left, executed_text, require_or_skip
+from support import assert_no_ray_daemons_left, executed_text, import_or_require
 
 from ddtk.course import catalog
 from ddtk.course.labcheck import verify_lab_checks
@@ -26,10 +26,7 @@ EXERCISES = 7
 
 @pytest.fixture(autouse=True)
 def _ray() -> None:
-    try:
-        import ray  # noqa: F401
-    except ImportError as exc:
-        require_or_skip("ray", f"Ray is not importable ({exc})")
+    import_or_require("ray", "ray")
 
 
 def test_every_check_fails_on_the_stub_and_passes_on_the_solution(tmp_path) -> None:

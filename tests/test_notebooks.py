@@ -10,7 +10,7 @@ import json
 import time
 
 import pytest
-from support import assert_no_ray_daemons_left, executed_text, require_or_skip
+from support import assert_no_ray_daemons_left, executed_text, import_or_require
 
 from ddtk.course import catalog
 from ddtk.course.run import run_notebook
@@ -46,10 +46,7 @@ def test_lecture_02_attaches_to_a_running_cluster(tmp_path) -> None:
     """``ray_address`` set, as on a real cluster: the notebook starts no cluster of its own,
     uses the nodes it finds (the second one advertises ``ddtk_node2``), and at the end only
     disconnects, leaving the cluster it did not start running."""
-    try:
-        from ray.cluster_utils import Cluster
-    except ImportError as exc:
-        require_or_skip("ray", f"Ray is not importable ({exc})")
+    Cluster = import_or_require("ray.cluster_utils", "ray").Cluster
     since = time.time()
     cluster = Cluster(
         initialize_head=True,

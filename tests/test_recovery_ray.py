@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from support import require_or_skip
+from support import import_or_require
 
 from ddtk.checkpoint import latest, load, verify
 from ddtk.recovery.common import build, fingerprint, reference
@@ -59,10 +59,7 @@ def _start(ray, attempts: int = 2) -> None:
 @pytest.fixture(scope="module")
 def ray_session():
     """One local Ray session for the module; after ray.shutdown() no process it started may live."""
-    try:
-        import ray
-    except ImportError as exc:
-        require_or_skip("ray", f"Ray is not importable ({exc})")
+    ray = import_or_require("ray", "ray")
     before = _children()
     try:
         _start(ray)
