@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
@@ -9,6 +10,12 @@ from pathlib import Path
 import psutil
 import pytest
 from support import require_or_skip
+
+# A run started in the background (`make test &`, nohup, some CI runners) inherits SIGINT
+# ignored, and so would every process it starts: the Ctrl-C tests would then time out.
+# A handler, unlike SIG_IGN, is reset to the default by exec, so children get Ctrl-C again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _children() -> list[psutil.Process]:
