@@ -31,7 +31,7 @@ lab: venv ## install everything and start JupyterLab on lecture 01 (root or not;
 	$(BIN)/ddtk course lab
 
 test: venv horovod browser ## run the whole test suite, notebooks and the browser test included
-	DDTK_REQUIRE=horovod,browser $(BIN)/python -m pytest tests course --nbval-lax $(PYTEST_ARGS)
+	DDTK_REQUIRE=horovod,browser $(BIN)/python -m pytest tests course --nbval-lax --durations=25 $(PYTEST_ARGS)
 
 course: venv ## execute every notebook headless into build/executed/
 	$(BIN)/ddtk course run
