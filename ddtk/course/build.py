@@ -12,9 +12,9 @@ and becomes one line at the indentation of ``# BEGIN SOLUTION``::
 
 where the number counts the code exercises of the notebook in order and the title is
 the optional text after ``# BEGIN SOLUTION``. Blocks of one cell with the same title
-are one exercise (an answer spread over two functions) and share its number. In a markdown cell, text between the
-lines ``<!-- BEGIN SOLUTION -->`` and ``<!-- END SOLUTION -->`` is removed (and a
-cell left empty is dropped). Markers must be lines of their own; a marker anywhere
+are one exercise (an answer spread over two functions) and share its number. In a
+markdown cell, text between the lines ``<!-- BEGIN SOLUTION -->`` and
+``<!-- END SOLUTION -->`` is removed (and a cell left empty is dropped). Markers must be lines of their own; a marker anywhere
 else, or an unbalanced one, is an error naming the notebook and the cell, so an
 answer can never leak into a lab. Labs are written stripped of outputs in nbformat's
 stable JSON, so regenerating them and comparing bytes tells whether ``labs/`` is up
