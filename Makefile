@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ddtk-installed
-EXTRAS ?= ray,course,dev,horovod,deepspeed,tensorflow
+EXTRAS ?= ray,course,dev,horovod,deepspeed,tensorflow,profiling
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
@@ -51,6 +51,7 @@ bench: venv ## every benchmark, each against its peer or formula (JSON + PNG in 
 	$(BIN)/ddtk bench memory --json build/bench/memory.json --plot build/bench/memory.png
 	$(BIN)/ddtk bench checkpoint --json build/bench/checkpoint.json --plot build/bench/checkpoint.png
 	$(BIN)/ddtk bench frameworks --json build/bench/frameworks.json --plot build/bench/frameworks.png
+	$(BIN)/ddtk bench profiler --json build/bench/profiler.json --plot build/bench/profiler.png
 
 lock: venv ## rewrite requirements.lock and environment.yml from .venv
 	$(BIN)/python scripts/lock.py

@@ -1,4 +1,4 @@
-"""The ``ddtk`` command line: ``ddtk doctor``, ``ddtk course ...``, ``ddtk bench ...``, ``ddtk quiz ...``.
+"""The ``ddtk`` command line: ``ddtk doctor``, ``ddtk course ...``, ``ddtk bench ...``, ``ddtk profile ...``, ``ddtk quiz ...``.
 
 Each command group lives next to the code it drives and contributes its own
 sub-parser through an ``add_parser(subparsers)`` function, so this file only
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ddtk import doctor
     from ddtk.bench import cli as bench_cli
     from ddtk.course import cli as course_cli
+    from ddtk.profiling import cli as profile_cli
     from ddtk.quiz import cli as quiz_cli
 
     parser = argparse.ArgumentParser(
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_parser(sub)
     course_cli.add_parser(sub)
     bench_cli.add_parser(sub)
+    profile_cli.add_parser(sub)
     quiz_cli.add_parser(sub)
     return parser
 

@@ -83,6 +83,8 @@ MODULES = [
     "ddtk.quiz.widget",
     "ddtk.course.checks",
     "ddtk.monitoring",
+    "ddtk.profiling.intervals",
+    "ddtk.profiling.collect",
     "ddtk.examples.digits_data",
     "ddtk.examples.ray_digits",
     "ddtk.examples.cnn_common",

@@ -41,6 +41,14 @@ def test_lecture_05_runs_with_three_ranks_and_fp16(tmp_path) -> None:
     assert "fp16 autocast + loss scaler" in text
 
 
+LECTURE_02_SMALL = {
+    "overhead_calls": 100, "putget_sizes_kib": [4, 1024], "ps_steps": 10, "data_repeat": 1,
+    "data_epochs": 1, "train_epochs": 2, "allreduce_floats": [16384], "tune_samples": 4,
+    "tune_max_iter": 4, "pbt_population": 2, "pbt_iters": 4, "pbt_interval": 2,
+    "optuna_processes": 2, "optuna_trials_per_process": 3,
+}  # fmt: skip
+
+
 @pytest.mark.ray
 def test_lecture_02_attaches_to_a_running_cluster(tmp_path) -> None:
     """``ray_address`` set, as on a real cluster: the notebook starts no cluster of its own,
@@ -57,7 +65,8 @@ def test_lecture_02_attaches_to_a_running_cluster(tmp_path) -> None:
         cluster.add_node(num_cpus=2, resources={"ddtk_node2": 1})
         cluster.wait_for_nodes()
         gcs = cluster.head_node.all_processes["gcs_server"][0].process
-        params = {"ray_address": cluster.address}
+        # Attaching is what this run tests; the demos' budgets are cut (nbval runs the defaults).
+        params = {"ray_address": cluster.address, **LECTURE_02_SMALL}
         result = run_notebook(catalog.find("02").file, params, out_dir=tmp_path, timeout=300)
         still_running = gcs.poll() is None
     finally:

@@ -7,7 +7,9 @@ resume from the checkpoint of step 8 (the last one committed before the crash),
 and end bitwise equal to the uninterrupted single-process reference
 (:func:`ddtk.recovery.common.reference`, exact for two workers). The Ray
 session is shut down by the module fixture, which then checks that no process
-it started is still alive.
+it started is still alive. The same session also serves one ``ddtk.profiling`` test:
+``StepProfiler`` in the workers of a second, short ``TorchTrainer`` run (one Ray start
+for both).
 """
 
 from __future__ import annotations
@@ -219,3 +221,40 @@ def test_ray_checkpoints_are_verified_ddtk_checkpoints(recovered):
 def test_recovery_time_is_measured(recovered):
     seconds = recovered["recovery_seconds"]
     assert seconds is not None and seconds > 0  # a measurement, not a bound: timings are noisy
+
+
+@pytest.fixture(scope="module")
+def profiled(ray_session, tmp_path_factory):
+    """Traces of a short TorchTrainer run with ddtk.profiling's job in each worker.
+
+    Module-scoped like ``recovered``: the controller actors a fit leaves in the session
+    live until ``ray_session`` shuts Ray down, not past the test.
+    """
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from ddtk.profiling.jobs import JobConfig, ray_train_loop
+
+    root = tmp_path_factory.mktemp("ray-profile")
+    trainer = TorchTrainer(
+        ray_train_loop,
+        train_loop_config={"job": JobConfig(profile_steps=2, timed_steps=1), "trace_dir": str(root / "traces")},
+        scaling_config=ScalingConfig(num_workers=WORKERS),
+        run_config=RunConfig(storage_path=str(root / "ray"), name="profile"),
+    )  # fmt: skip
+    return trainer.fit(), root / "traces"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.ray
+def test_ray_train_workers_each_write_their_profile(profiled):
+    """ddtk.profiling in Ray Train V2: each worker writes rank<world rank>.json with its collectives."""
+    from ddtk.profiling import analyse
+
+    result, traces = profiled
+    assert result.error is None
+    a = analyse(traces)
+    assert [t.rank for t in a.traces] == list(range(WORKERS))
+    assert all(t.world_size == WORKERS and t.backend == "gloo" for t in a.traces)
+    assert all(r.collectives >= 1 and r.comm_bytes > 0 for r in a.breakdown.rows)

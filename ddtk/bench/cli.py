@@ -68,11 +68,13 @@ def bench_parser() -> argparse.ArgumentParser:
         memory,
         pipeline,
         precision,
+        profiler,
         tp,
         zero,
     )
 
-    for module in (dp, compression, tp, pipeline, zero, precision, memory, checkpoint, frameworks):
+    for module in (dp, compression, tp, pipeline, zero, precision, memory, checkpoint, frameworks,
+                   profiler):  # fmt: skip
         module.register(sub)
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
     return bench

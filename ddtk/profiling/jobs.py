@@ -1,0 +1,367 @@
+"""A data-parallel training job with bottlenecks you can plant, for profiling to find.
+
+Every knob of :class:`JobConfig` is one classic way to make distributed training slow,
+and each has a known answer, which is what the profiler's tests, ``ddtk profile``,
+lecture 07 and lab 04 need:
+
+==================  ========================================  ==============================
+knob                what it plants                            what the fix is
+==================  ========================================  ==============================
+``data_ms``         input work per batch (decode, augment)    ``num_workers`` / prefetch
+``bucket_cap_mb``   tiny DDP buckets: many small all-reduces  the default 25 MB
+``micro_batches``   accumulation, ``no_sync=False``: an       ``no_sync()`` on all but the
+                    all-reduce on every micro-batch           last micro-batch
+``precision``       float32 matrix multiplies                 ``bf16`` autocast
+``straggler_ms``    one rank computes that much longer        replace or rebalance the node
+``hidden/layers``   a big model, small batch: large           larger batch, compression
+                    all-reduces dominate                      (``comm_hook``)
+==================  ========================================  ==============================
+
+:func:`run_job` runs it on ``world_size`` ranks of :func:`ddtk.launch` (PyTorch DDP over
+gloo, or NCCL on GPUs), profiles a window of steps into ``trace_dir`` with
+:class:`~ddtk.profiling.collect.StepProfiler`, then times further steps without the
+profiler, so throughput is never measured under the profiler's own overhead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "JOBS",
+    "JobConfig",
+    "JobResult",
+    "job_config",
+    "ray_train_loop",
+    "run_job",
+    "train_rank",
+]
+
+PRECISIONS = ("fp32", "bf16")
+COMM_HOOKS = (None, "fp16", "bf16", "powersgd")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One configuration of the example job; every field has a safe, fast default."""
+
+    batch_size: int = 64
+    features: int = 256
+    hidden: int = 512
+    layers: int = 4
+    classes: int = 10
+    data_ms: float = 0.0
+    num_workers: int = 0
+    prefetch_factor: int = 2
+    bucket_cap_mb: float = 25.0
+    micro_batches: int = 1
+    no_sync: bool = True
+    precision: str = "fp32"
+    straggler_rank: int | None = None
+    straggler_ms: float = 0.0
+    comm_hook: str | None = None
+    record_shapes: bool = True
+    profile_steps: int = 4
+    timed_steps: int = 6
+    seed: int = 0
+    description: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "features", "hidden", "layers", "classes", "micro_batches",
+                     "profile_steps", "prefetch_factor"):  # fmt: skip
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"JobConfig.{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.timed_steps, int) or self.timed_steps < 0:
+            raise ValueError(
+                f"JobConfig.timed_steps must be an integer >= 0, got {self.timed_steps!r}"
+            )
+        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+            raise ValueError(
+                f"JobConfig.num_workers must be an integer >= 0, got {self.num_workers!r}"
+            )
+        for name in ("data_ms", "straggler_ms", "bucket_cap_mb"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"JobConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.bucket_cap_mb <= 0:
+            raise ValueError(f"JobConfig.bucket_cap_mb must be > 0, got {self.bucket_cap_mb!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"JobConfig.precision must be one of {PRECISIONS}, got {self.precision!r}"
+            )
+        if self.comm_hook not in COMM_HOOKS:
+            raise ValueError(
+                f"JobConfig.comm_hook must be one of {COMM_HOOKS}, got {self.comm_hook!r}"
+            )
+        if self.batch_size % self.micro_batches:
+            raise ValueError(
+                f"JobConfig.batch_size ({self.batch_size}) must split evenly into "
+                f"{self.micro_batches} micro-batches"
+            )
+
+    def replace(self, **changes: Any) -> JobConfig:
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+JOBS: dict[str, JobConfig] = {
+    "baseline": JobConfig(description="a healthy job: compute-bound, one all-reduce bucket"),
+    "input-bound": JobConfig(data_ms=40.0, description="40 ms of input work per batch in the training process"),
+    "straggler": JobConfig(straggler_rank=-1, straggler_ms=40.0,
+                           description="the last rank computes 40 ms longer every step"),
+    "comm-bound": JobConfig(batch_size=8, hidden=1536, layers=4, bucket_cap_mb=100.0,
+                            description="a 7.5-million-parameter model on 8 samples: one 30 MB all-reduce dominates"),
+    "tiny-buckets": JobConfig(bucket_cap_mb=0.05, layers=8,
+                              description="50 KB DDP buckets: many small all-reduces per step"),
+    "sync-every-microbatch": JobConfig(micro_batches=4, no_sync=False,
+                                       description="4 accumulation micro-batches, each all-reduced"),
+    "slow": JobConfig(data_ms=30.0, bucket_cap_mb=0.05, micro_batches=4, no_sync=False,
+                      straggler_rank=-1, straggler_ms=60.0, layers=6,
+                      description="every planted problem at once (lab 04's starting point)"),
+}  # fmt: skip
+
+
+def job_config(name: str) -> JobConfig:
+    """The named preset of :data:`JOBS`; the error lists the names."""
+    if name not in JOBS:
+        raise ValueError(f"unknown job {name!r}; choose from {', '.join(JOBS)}")
+    return JOBS[name]
+
+
+@dataclass
+class JobResult:
+    """What one run measured: throughput over the unprofiled steps, and per-rank facts."""
+
+    config: JobConfig
+    world_size: int
+    samples_per_s: float
+    step_ms: float
+    profiled_step_ms: float
+    peak_rss_mib: list[float]
+    losses: list[float]
+    trace_dir: Path | None
+    params: int = 0
+    buckets: int = 0
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["trace_dir"] = str(self.trace_dir) if self.trace_dir else None
+        return d
+
+
+def _busy_wait(ms: float, x: Any) -> None:
+    """Real compute for ``ms`` milliseconds (a slower node), not a sleep."""
+    from torch.profiler import record_function
+
+    with record_function("straggler:extra_compute"):
+        end = time.perf_counter() + ms / 1e3
+        while time.perf_counter() < end:
+            x = (x @ x.T).tanh()[: x.shape[0], : x.shape[1]]
+
+
+class _Collate:
+    """Stack a batch after ``ms`` of input work (a sleep stands in for decode and augment)."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def __call__(self, samples: list) -> Any:
+        import torch
+
+        if self.ms:
+            time.sleep(self.ms / 1e3)
+        xs, ys = zip(*samples)
+        return torch.stack(xs), torch.stack(ys)
+
+
+def _loader(cfg: JobConfig, rank: int, world: int, steps: int) -> Any:
+    import torch
+
+    g = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
+    n = steps * cfg.batch_size
+    x = torch.randn(n, cfg.features, generator=g)
+    y = torch.randint(0, cfg.classes, (n,), generator=g)
+    data = list(zip(x, y))
+    extra = (
+        {"prefetch_factor": cfg.prefetch_factor, "persistent_workers": True}
+        if cfg.num_workers
+        else {}
+    )
+    return torch.utils.data.DataLoader(
+        data, batch_size=cfg.batch_size, collate_fn=_Collate(cfg.data_ms),
+        num_workers=cfg.num_workers, **extra,
+    )  # fmt: skip
+
+
+def _model(cfg: JobConfig, device: Any) -> Any:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(cfg.seed)
+    layers: list[nn.Module] = [nn.Linear(cfg.features, cfg.hidden), nn.ReLU()]
+    for _ in range(cfg.layers - 1):
+        layers += [nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU()]
+    layers.append(nn.Linear(cfg.hidden, cfg.classes))
+    return nn.Sequential(*layers).to(device)
+
+
+def _register_hook(ddp: Any, name: str | None) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif name == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif name == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2,
+                                            start_powerSGD_iter=2, min_compression_rate=2)  # fmt: skip
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+
+def train_rank(ctx: Any, cfg: JobConfig, trace_dir: str | None) -> dict:
+    """One rank of the job; returns its measurements.
+
+    ``ctx`` is the :class:`ddtk.DistributedContext` of :func:`run_job`, or None where
+    something else initialised ``torch.distributed`` (torchrun, Ray Train's
+    ``TorchTrainer``: see :func:`ray_train_loop`).
+    """
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddtk.profiling.collect import StepProfiler
+
+    rank, world = (ctx.rank, ctx.world_size) if ctx else (dist.get_rank(), dist.get_world_size())
+    straggler = None if cfg.straggler_rank is None else cfg.straggler_rank % world
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+    model = DDP(_model(cfg, device), bucket_cap_mb=cfg.bucket_cap_mb)
+    _register_hook(model, cfg.comm_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    prof = StepProfiler(trace_dir or ".", wait=1, warmup=1, active=cfg.profile_steps,
+                        record_shapes=cfg.record_shapes, enabled=trace_dir is not None)  # fmt: skip
+    steps = prof.steps_needed + cfg.timed_steps
+    amp = (
+        torch.autocast(device.type, dtype=torch.bfloat16)
+        if cfg.precision == "bf16"
+        else contextlib.nullcontext()
+    )
+    loss_value, t_start, marks = 0.0, None, [time.perf_counter()]
+    with prof:
+        for step, (x, y) in enumerate(_loader(cfg, rank, world, steps)):
+            if step == prof.steps_needed:
+                dist.barrier()
+                t_start = time.perf_counter()
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad(set_to_none=True)
+            for i, (xm, ym) in enumerate(
+                zip(x.chunk(cfg.micro_batches), y.chunk(cfg.micro_batches))
+            ):
+                last = i == cfg.micro_batches - 1
+                sync = contextlib.nullcontext() if last or not cfg.no_sync else model.no_sync()
+                with sync:
+                    with amp:
+                        loss = torch.nn.functional.cross_entropy(model(xm), ym) / cfg.micro_batches
+                    if rank == straggler and cfg.straggler_ms:
+                        _busy_wait(cfg.straggler_ms / cfg.micro_batches, xm)
+                    loss.backward()
+                loss_value += float(loss.detach()) if step == steps - 1 else 0.0
+            opt.step()
+            prof.step()
+            marks.append(time.perf_counter())
+    dist.barrier()
+    elapsed = time.perf_counter() - t_start if t_start is not None else 0.0
+    window = slice(prof.wait + prof.warmup, prof.steps_needed)
+    logged = (
+        model._get_ddp_logging_data()
+    )  # DDP's own record of the buckets it rebuilt after step 1
+    sizes = str(logged.get("rebuilt_bucket_sizes") or logged.get("bucket_sizes") or "")
+    profiled = [b - a for a, b in itertools.pairwise(marks)][window]
+    return {
+        "elapsed": elapsed, "loss": loss_value,
+        "params": sum(p.numel() for p in model.parameters()),
+        "buckets": len([b for b in sizes.split(",") if b.strip()]),
+        "profiled_step_s": sorted(profiled)[len(profiled) // 2],
+        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }  # fmt: skip
+
+
+def ray_train_loop(config: dict) -> None:
+    """The job as a Ray Train V2 worker function: ``TorchTrainer(ray_train_loop, train_loop_config=
+    {"job": name or JobConfig, "trace_dir": shared folder})``. Each worker writes ``rank<r>.json``
+    with its world rank and reports its measurements."""
+    import ray.train
+    import torch
+
+    torch.set_num_threads(1)
+    job = config.get("job", "baseline")
+    cfg = job_config(job) if isinstance(job, str) else job
+    ray.train.report(train_rank(None, cfg, config.get("trace_dir")))
+
+
+def run_job(
+    config: JobConfig | str = "baseline",
+    world_size: int = 2,
+    trace_dir: str | Path | None = None,
+    backend: str = "auto",
+    timeout: float = 300.0,
+    echo: bool = False,
+) -> JobResult:
+    """Run the job on ``world_size`` local ranks; profile into ``trace_dir`` if given.
+
+    Throughput is measured over ``config.timed_steps`` steps that run after the profiled
+    window, with the profiler already stopped. ``profiled_step_ms`` is the median step
+    inside the window (the slowest rank's), so the two give the profiler's overhead.
+    """
+    import ddtk
+
+    cfg = job_config(config) if isinstance(config, str) else config
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    if trace_dir is not None:
+        trace_dir = Path(trace_dir)
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        for old in trace_dir.glob("rank*.json"):
+            old.unlink()  # a trace from an earlier, larger run would be mixed in
+    results = ddtk.launch(
+        train_rank, world_size=world_size, args=(cfg, str(trace_dir) if trace_dir else None),
+        backend=backend, timeout=timeout, echo=echo, validate=False,
+    )  # fmt: skip
+    elapsed = max(r["elapsed"] for r in results)
+    samples = cfg.timed_steps * cfg.batch_size * world_size
+    return JobResult(
+        config=cfg, world_size=world_size,
+        samples_per_s=samples / elapsed if elapsed > 0 else float("nan"),
+        step_ms=1e3 * elapsed / cfg.timed_steps if cfg.timed_steps else float("nan"),
+        profiled_step_ms=1e3 * max(r["profiled_step_s"] for r in results),
+        peak_rss_mib=[r["rss_mib"] for r in results], losses=[r["loss"] for r in results],
+        trace_dir=trace_dir, params=results[0]["params"], buckets=results[0]["buckets"],
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ddtk.profiling.jobs JOB -n N``: run a job unprofiled (for py-spy to sample)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m ddtk.profiling.jobs", description=main.__doc__)
+    p.add_argument("job", choices=list(JOBS))
+    p.add_argument("-n", "--world-size", type=int, default=2)
+    args = p.parse_args(argv)
+    r = run_job(args.job, args.world_size)
+    print(f"{args.job}: {r.samples_per_s:.0f} samples/s, {r.step_ms:.1f} ms per step")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
