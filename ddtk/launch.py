@@ -120,13 +120,39 @@ def _child_env(rank: int, world_size: int, port: int, threads: int) -> dict[str,
     return env
 
 
+class _Sink:
+    """What the echo threads of one sink share: a lock, and whose line is left unfinished.
+
+    Two ranks print to one terminal. When rank A's last write left its line open (a
+    progress bar waiting for its next redraw) and rank B writes, B's text would be glued
+    to A's line; instead a newline closes A's line first, and A's next text starts a new
+    prefixed line.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open: str | None = None  # prefix of the rank whose line is unfinished
+        self.broken: set[str] = set()  # ranks whose open line another rank closed
+
+
+_SINKS: dict[int, _Sink] = {}
+_SINKS_LOCK = threading.Lock()
+
+
+def _shared(sink: Any) -> _Sink:
+    with _SINKS_LOCK:
+        return _SINKS.setdefault(id(sink), _Sink())
+
+
 def _echo(stream: IO[bytes], sink: Any, prefix: str, tail: list[str] | None) -> None:
     """Copy a child's output to ``sink`` as it comes, with a rank prefix at the start of each line.
 
     Carriage returns count as line starts too, so a progress bar that redraws its
-    line with ``\\r`` (tqdm) stays live and prefixed here.
+    line with ``\\r`` (tqdm) stays live and prefixed here; lines of different ranks
+    are never glued together (see :class:`_Sink`).
     """
     at_line_start = True
+    shared = _shared(sink)
     decoder = codecs.getincrementaldecoder("utf-8")(
         errors="replace"
     )  # a chunk may split a character
@@ -135,16 +161,26 @@ def _echo(stream: IO[bytes], sink: Any, prefix: str, tail: list[str] | None) -> 
         if tail is not None:
             tail.append(text)
             del tail[:-20]
-        out = []
-        for piece in re.split(r"(?<=[\r\n])", text):
-            if piece:
-                out.append(prefix + piece if at_line_start and piece not in "\r\n" else piece)
-                at_line_start = piece[-1] in "\r\n"
-        try:
-            sink.write("".join(out))
-            sink.flush()
-        except (ValueError, OSError):  # the sink was closed (interpreter shutting down)
-            pass
+        with shared.lock:
+            out = []
+            if prefix in shared.broken:  # another rank ended our line for us
+                shared.broken.discard(prefix)
+                at_line_start = True
+                text = text[1:] if text.startswith("\n") else text
+            elif shared.open not in (None, prefix) and text:
+                out.append("\n")
+                shared.broken.add(shared.open)
+            for piece in re.split(r"(?<=[\r\n])", text):
+                if piece:
+                    out.append(prefix + piece if at_line_start and piece not in "\r\n" else piece)
+                    at_line_start = piece[-1] in "\r\n"
+            if text:
+                shared.open = None if at_line_start else prefix
+            try:
+                sink.write("".join(out))
+                sink.flush()
+            except (ValueError, OSError):  # the sink was closed (interpreter shutting down)
+                pass
     stream.close()
 
 

@@ -236,3 +236,36 @@ def _boom_report(rank: int, value: object) -> None:
 def test_error_in_on_report_stops_the_ranks() -> None:
     with pytest.raises(ValueError, match="plot failed"):
         ddtk.launch(_reporting, 2, args=("/nonexistent/never",), on_report=_boom_report, timeout=60)
+
+
+class _ListSink:
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.parts.append(text)
+
+    def flush(self) -> None: ...
+
+
+def test_echo_never_glues_lines_of_two_ranks() -> None:
+    """A progress bar left open by one rank is closed before another rank's line, then re-prefixed."""
+    import threading
+
+    from ddtk.launch import _echo
+
+    sink = _ListSink()
+    (ra, wa), (rb, wb) = os.pipe(), os.pipe()
+    a = threading.Thread(target=_echo, args=(open(ra, "rb"), sink, "[a] ", None))  # noqa: SIM115 (_echo closes it)
+    a.start()
+    os.write(wa, b"x 50%\rx 100%")
+    deadline = time.monotonic() + 10
+    while "".join(sink.parts) != "[a] x 50%\r[a] x 100%" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.write(wb, b"hello\n")
+    os.close(wb)
+    _echo(open(rb, "rb"), sink, "[b] ", None)  # noqa: SIM115
+    os.write(wa, b"\nnext\n")
+    os.close(wa)
+    a.join(timeout=10)
+    assert "".join(sink.parts) == "[a] x 50%\r[a] x 100%\n[b] hello\n[a] next\n"
