@@ -25,6 +25,7 @@ named a straggler.
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -82,10 +83,7 @@ def _message_bytes(args: dict) -> int:
         return int(args["In msg nelems"]) * _DTYPE_BYTES.get(str(args.get("dtype", "float")), 4)
     dims, types = args.get("Input Dims") or [], args.get("Input type") or []
     if len(dims) >= 1 and dims[0] and all(isinstance(d, int) for d in dims[0]):
-        n = 1
-        for d in dims[0]:
-            n *= d
-        return n * _DTYPE_BYTES.get(types[0] if types else "float", 4)
+        return math.prod(dims[0]) * _DTYPE_BYTES.get(types[0] if types else "float", 4)
     return 0
 
 

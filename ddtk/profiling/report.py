@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,7 @@ class Analysis:
         """The tables and the diagnosis as plain text (what ``ddtk profile`` prints)."""
         from rich.console import Console
 
-        console = Console(width=140, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+        console = Console(width=140, record=True, file=io.StringIO())
         console.print(self.table())
         console.print(self.top_table())
         spread = self.breakdown.spread()
@@ -81,9 +82,7 @@ class Analysis:
             f"step-time spread across ranks: mean {spread['mean_ms']:.1f} ms, max {spread['max_ms']:.1f} ms"
         )
         console.print("diagnosis:\n" + explain(self.findings))
-        text = console.export_text()
-        console.file.close()
-        return text
+        return console.export_text()
 
     def as_dict(self) -> dict:
         """JSON-ready: per-rank and per-step rows, findings, top operators."""
