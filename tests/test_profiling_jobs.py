@@ -75,7 +75,7 @@ def test_slow_job_every_planted_problem_is_found(runs, world):
         assert (r.forwards, r.synced_forwards) == (cfg.micro_batches, cfg.micro_batches)
         assert r.collectives == cfg.micro_batches * result.buckets
         assert r.comm_bytes == cfg.micro_batches * 4 * result.params
-    assert result.buckets >= 6
+    assert result.buckets >= 4  # 50 KB buckets: every weight matrix in one of its own
     assert {"sync-per-microbatch", "small-messages"} <= set(kinds)
     # the slow input pipeline: at least the planted sleep in every step of every rank
     assert all(r.data_ms >= cfg.data_ms for r in a.breakdown.rows)
@@ -140,6 +140,9 @@ def test_run_job_rejects_an_unknown_job_and_a_bad_world_size():
         run_job("fast")
     with pytest.raises(ValueError, match="world_size must be an integer >= 1"):
         run_job("baseline", 0)
+    # PyTorch's bf16 comm hook is CUDA-only: a plain sentence before any rank starts
+    with pytest.raises(ValueError, match="comm_hook='bf16' needs the NCCL backend"):
+        run_job(job_config("baseline").replace(comm_hook="bf16"), 2, backend="gloo")
 
 
 def test_ddtk_profile_command_from_the_installed_script(tmp_path):

@@ -11,7 +11,8 @@ knob                what it plants                            what the fix is
 ``bucket_cap_mb``   tiny DDP buckets: many small all-reduces  the default 25 MB
 ``micro_batches``   accumulation, ``no_sync=False``: an       ``no_sync()`` on all but the
                     all-reduce on every micro-batch           last micro-batch
-``precision``       float32 matrix multiplies                 ``bf16`` autocast
+``precision``       float32 matrix multiplies                 ``bf16`` autocast (pays from
+                                                              micro-batches of about 64 up)
 ``straggler_ms``    one rank computes that much longer        replace or rebalance the node
 ``hidden/layers``   a big model, small batch: large           larger batch, compression
                     all-reduces dominate                      (``comm_hook``)
@@ -121,9 +122,9 @@ JOBS: dict[str, JobConfig] = {
                               description="50 KB DDP buckets: many small all-reduces per step"),
     "sync-every-microbatch": JobConfig(micro_batches=4, no_sync=False,
                                        description="4 accumulation micro-batches, each all-reduced"),
-    "slow": JobConfig(data_ms=30.0, bucket_cap_mb=0.05, micro_batches=4, no_sync=False,
-                      straggler_rank=-1, straggler_ms=60.0, layers=6,
-                      description="every planted problem at once (lab 04's starting point)"),
+    "slow": JobConfig(batch_size=256, data_ms=60.0, bucket_cap_mb=0.05, micro_batches=4,
+                      no_sync=False, straggler_rank=-1, straggler_ms=80.0, layers=4,
+                      description="every planted problem at once, float32 included (lab 04's starting point)"),
 }  # fmt: skip
 
 
@@ -325,10 +326,16 @@ def run_job(
     inside the window (the slowest rank's), so the two give the profiler's overhead.
     """
     import ddtk
+    from ddtk.comm.context import resolve_backend
 
     cfg = job_config(config) if isinstance(config, str) else config
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    if cfg.comm_hook == "bf16" and resolve_backend(backend, world_size) != "nccl":
+        raise ValueError(
+            "comm_hook='bf16' needs the NCCL backend (PyTorch's bf16 hook is CUDA-only); "
+            "on gloo use comm_hook='fp16' or 'powersgd'"
+        )
     if trace_dir is not None:
         trace_dir = Path(trace_dir)
         trace_dir.mkdir(parents=True, exist_ok=True)
