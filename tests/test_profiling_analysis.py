@@ -17,6 +17,7 @@ import pytest
 from ddtk.profiling import analyse, breakdown, diagnose, load_traces, stragglers
 from ddtk.profiling.intervals import intersect, length, subtract, union
 from ddtk.profiling.operators import self_times, top_operators
+from ddtk.profiling.pyspy import hot_functions
 from ddtk.profiling.trace import Event, TraceError, category, load_trace
 
 MAIN, GLOO = 100, 101
@@ -371,3 +372,20 @@ def test_top_operators_and_analyse(tmp_path):
     d = a.as_dict()
     assert d["per_rank"][0]["steps"] == 2 and len(d["steps"]) == 2
     json.dumps(d)
+
+
+def test_hot_functions_name_the_rank_process_not_the_launcher(tmp_path):
+    raw = tmp_path / "raw.txt"
+    launcher = 'process 10:"python -m ddtk.profiling.jobs slow"'
+    raw.write_text(
+        f"{launcher};<module> (jobs.py:1);run_job (jobs.py:330) 5\n"
+        f'{launcher};process 11:"python -m ddtk._rank";main (_rank.py:9);__call__ (jobs.py:179) 30\n'
+        f'{launcher};process 12:"python -m ddtk._rank";main (_rank.py:9);__call__ (jobs.py:179) 20\n'
+        f'{launcher};process 12:"python -m ddtk._rank";main (_rank.py:9);backward (graph.py:9) 8\n'
+        "not a sample line\n"
+    )
+    assert hot_functions(raw, n=2) == [("__call__ (jobs.py:179)", 50), ("backward (graph.py:9)", 8)]
+    per = dict(hot_functions(raw, n=10, per_process=True))
+    assert per['process 11:"python -m ddtk._rank" __call__ (jobs.py:179)'] == 30
+    assert per['process 12:"python -m ddtk._rank" __call__ (jobs.py:179)'] == 20
+    assert per[f"{launcher} run_job (jobs.py:330)"] == 5

@@ -106,3 +106,24 @@ def test_torchrun_ranks_each_write_their_trace(tmp_path):
     assert [t.rank for t in a.traces] == [0, 1]
     assert all(t.world_size == 2 and t.backend == "gloo" for t in a.traces)
     assert all(r.collectives >= 1 for r in a.breakdown.rows)
+
+
+def test_the_example_job_is_one_rank_under_torchrun(tmp_path):
+    """``torchrun -m ddtk.profiling.jobs JOB --trace-dir D`` spreads one job over torchrun's
+    processes (it must not launch ranks of its own in each of them)."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "ddtk.profiling.jobs",
+           "baseline", "--trace-dir", str(tmp_path / "tr")]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:]
+    assert "baseline: rank 0 of 2" in out and "baseline: rank 1 of 2" in out, out[-2000:]
+    a = analyse(tmp_path / "tr")
+    assert [(t.rank, t.world_size) for t in a.traces] == [(0, 2), (1, 2)]
+    assert all(r.collectives == 1 for r in a.breakdown.rows)  # one 25 MB bucket per step

@@ -41,7 +41,9 @@ __all__ = [
     "job_config",
     "ray_train_loop",
     "run_job",
+    "torchrun_rank",
     "train_rank",
+    "under_torchrun",
 ]
 
 PRECISIONS = ("fp32", "bf16")
@@ -290,7 +292,7 @@ def train_rank(ctx: Any, cfg: JobConfig, trace_dir: str | None) -> dict:
     sizes = str(logged.get("rebuilt_bucket_sizes") or logged.get("bucket_sizes") or "")
     profiled = [b - a for a, b in itertools.pairwise(marks)][window]
     return {
-        "elapsed": elapsed, "loss": loss_value,
+        "rank": rank, "world_size": world, "elapsed": elapsed, "loss": loss_value,
         "params": sum(p.numel() for p in model.parameters()),
         "buckets": len([b for b in sizes.split(",") if b.strip()]),
         "profiled_step_s": sorted(profiled)[len(profiled) // 2],
@@ -357,15 +359,64 @@ def run_job(
     )  # fmt: skip
 
 
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def under_torchrun() -> bool:
+    """True in a process that ``torchrun`` (or another launcher with its variables) started."""
+    import os
+
+    return all(v in os.environ for v in _TORCHRUN_VARS)
+
+
+def torchrun_rank(job: str | JobConfig, trace_dir: str | None) -> dict:
+    """Be one rank of the job in a process ``torchrun`` started: join its process group,
+    train (profiled into ``trace_dir`` if given), leave the group; returns the rank's measurements."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    cfg = job_config(job) if isinstance(job, str) else job
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+    try:
+        return train_rank(None, cfg, trace_dir)
+    finally:
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ddtk.profiling.jobs JOB -n N``: run a job unprofiled (for py-spy to sample)."""
+    """``python -m ddtk.profiling.jobs JOB [-n N] [--trace-dir DIR]``: run a job.
+
+    Started plainly it launches its own ``N`` ranks (``ddtk.launch``), for py-spy to
+    sample. Started by ``torchrun`` it is one rank of a job that ``torchrun`` spreads
+    over its processes and nodes (``-n`` is then ignored): ``torchrun --nproc-per-node 8
+    -m ddtk.profiling.jobs slow --trace-dir /shared/traces``.
+    """
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m ddtk.profiling.jobs", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m ddtk.profiling.jobs", description=main.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("job", choices=list(JOBS))
     p.add_argument("-n", "--world-size", type=int, default=2)
+    p.add_argument(
+        "--trace-dir", default=None, help="profile a window of steps into DIR/rank<r>.json"
+    )
     args = p.parse_args(argv)
-    r = run_job(args.job, args.world_size)
+    if args.trace_dir:
+        Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
+    if under_torchrun():
+        out = torchrun_rank(args.job, args.trace_dir)
+        step_ms = 1e3 * out["elapsed"] / job_config(args.job).timed_steps
+        print(
+            f"{args.job}: rank {out['rank']} of {out['world_size']}: {step_ms:.1f} ms per step",
+            flush=True,
+        )
+        return 0
+    r = run_job(args.job, args.world_size, args.trace_dir)
     print(f"{args.job}: {r.samples_per_s:.0f} samples/s, {r.step_ms:.1f} ms per step")
     return 0
 

@@ -90,7 +90,9 @@ def py_spy_record(
 def hot_functions(raw: str | Path, n: int = 10, per_process: bool = False) -> list[tuple[str, int]]:
     """The ``n`` leaf functions with the most samples in a ``raw`` (collapsed) py-spy profile.
 
-    With ``per_process`` the name is prefixed by the process the stack came from.
+    With ``per_process`` the name is prefixed by the process the stack came from: the
+    innermost ``process ...`` frame, since ``--subprocesses`` stacks start with the
+    chain of parents (``process <launcher>;process <rank>;...``).
     """
     counts: Counter[str] = Counter()
     for line in Path(raw).read_text().splitlines():
@@ -99,7 +101,8 @@ def hot_functions(raw: str | Path, n: int = 10, per_process: bool = False) -> li
             continue
         frames = stack.split(";")
         leaf = frames[-1]
-        if per_process and frames[0].startswith("process "):
-            leaf = f"{frames[0]} {leaf}"
+        processes = [f for f in frames if f.startswith("process ")]
+        if per_process and processes:  # with --subprocesses the stack holds the parent chain
+            leaf = f"{processes[-1]} {leaf}"
         counts[leaf] += int(count)
     return counts.most_common(n)

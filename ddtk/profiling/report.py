@@ -74,7 +74,7 @@ class Analysis:
         """The tables and the diagnosis as plain text (what ``ddtk profile`` prints)."""
         from rich.console import Console
 
-        console = Console(width=140, record=True, file=io.StringIO())
+        console = Console(width=140, record=True, file=io.StringIO(), force_jupyter=False)
         console.print(self.table())
         console.print(self.top_table())
         spread = self.breakdown.spread()
