@@ -31,6 +31,8 @@ lab: venv ## install everything and start JupyterLab on lecture 01 (root or not;
 	$(BIN)/ddtk course lab
 
 test: venv horovod browser ## run the whole test suite, notebooks and the browser test included
+	@# bytecode for every rank, kernel and worker process to load (PYTHONDONTWRITEBYTECODE=1 stops imports writing it)
+	$(BIN)/python -m compileall -q -j 0 ddtk tests >/dev/null
 	DDTK_REQUIRE=horovod,browser $(BIN)/python -m pytest tests course --nbval-lax --durations=25 $(PYTEST_ARGS)
 
 course: venv ## execute every notebook headless into build/executed/
