@@ -330,6 +330,7 @@ def test_bench_checkpoint_tiny_run_writes_json_and_png(tmp_path, capsys) -> None
     assert args.func(args) == 0
     printed = capsys.readouterr().out
     assert "async write" in printed and "target <= 5%" in printed
+    assert printed.count("x DCP's") == 2 and "target <= 1.0x" in printed  # save and load
     rows = json.loads(out_json.read_text())["rows"]
     ops = {(r["tool"], r["op"]) for r in rows}
     for tool in ("ddtk", "dcp"):

@@ -28,11 +28,13 @@ import hashlib
 import os
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ddtk.checkpoint.digest import FileInfo, file_digest
 
 __all__ = [
     "TMP_MARKER",
@@ -73,14 +75,6 @@ class CheckpointWriteError(CheckpointError, OSError):
         return self.args[1]
 
 
-@dataclass(frozen=True)
-class FileInfo:
-    """Size in bytes and sha256 (hex) of the bytes written, as recorded in a manifest."""
-
-    size: int
-    sha256: str
-
-
 def is_temp_name(name: str) -> bool:
     """True for names made by :func:`atomic_write` for its temporary files."""
     return name.startswith(".") and TMP_MARKER in name
@@ -108,12 +102,16 @@ def _write_all(fd: int, data: memoryview) -> None:
 
 
 class _HashingWriter:
-    """A minimal binary file object over a descriptor that counts and hashes what passes."""
+    """A minimal binary file object over a descriptor that counts and hashes what passes.
 
-    def __init__(self, fd: int):
+    With ``hashing=False`` it only counts: a chunked digest is taken from the file
+    afterwards (:func:`_fsync_and_digest`).
+    """
+
+    def __init__(self, fd: int, hashing: bool = True):
         self.fd = fd
         self.size = 0
-        self.hash = hashlib.sha256()
+        self.hash = hashlib.sha256() if hashing else None
         self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
@@ -124,7 +122,8 @@ class _HashingWriter:
             # remembered because a serializer may hide it behind its own error while unwinding
             self.error = exc
             raise
-        self.hash.update(view)
+        if self.hash is not None:
+            self.hash.update(view)
         self.size += len(view)
         return len(view)
 
@@ -132,12 +131,30 @@ class _HashingWriter:
         """Nothing is buffered here; durability comes from the fsync in :func:`atomic_write`."""
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[Any], None]) -> FileInfo:
+def _fsync_and_digest(fd: int, tmp: Path, size: int, chunk_bytes: int) -> FileInfo:
+    """fsync ``fd`` while the chunks of ``tmp`` are hashed from the page cache.
+
+    The fsync waits for the disk and the hashing uses the cores, so they overlap.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="ddtk-fsync") as pool:
+        synced = pool.submit(os.fsync, fd)
+        info = file_digest(tmp, chunk_bytes)
+        synced.result()
+    if info.size != size:
+        raise OSError(errno.EIO, f"{size} bytes were written but the file holds {info.size}")
+    return info
+
+
+def atomic_write(
+    path: str | os.PathLike[str], write: Callable[[Any], None], *, chunk_bytes: int = 0
+) -> FileInfo:
     """Call ``write(fileobj)`` into a temporary file, then atomically move it to ``path``.
 
     ``fileobj`` has ``write(bytes)`` and ``flush()``. Returns the size and sha256 of
-    what was written. Raises :class:`CheckpointWriteError` on any OS error, after
-    removing the temporary file.
+    what was written: one digest computed while writing, or, with ``chunk_bytes``,
+    one per chunk computed from the file while it is fsynced (see
+    :mod:`ddtk.checkpoint.digest`). Raises :class:`CheckpointWriteError` on any
+    OS error, after removing the temporary file.
     """
     path = Path(path)
     tmp = path.parent / f".{path.name}{TMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}"
@@ -145,9 +162,13 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Any], None]) -> 
     writer: _HashingWriter | None = None
     try:
         fd = _open_temp(tmp)
-        writer = _HashingWriter(fd)
+        writer = _HashingWriter(fd, hashing=not chunk_bytes)
         write(writer)
-        os.fsync(fd)
+        if chunk_bytes:
+            info = _fsync_and_digest(fd, tmp, writer.size, chunk_bytes)
+        else:
+            os.fsync(fd)
+            info = FileInfo(writer.size, writer.hash.hexdigest())
         os.close(fd)
         fd = -1
         os.replace(tmp, path)
@@ -162,7 +183,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Any], None]) -> 
         if writer is not None and writer.error is not None and isinstance(exc, Exception):
             raise CheckpointWriteError(path, writer.error) from exc
         raise
-    return FileInfo(writer.size, writer.hash.hexdigest())
+    return info
 
 
 def _cleanup(fd: int, tmp: Path) -> None:
@@ -181,6 +202,6 @@ def atomic_write_bytes(
     return atomic_write(path, lambda f: f.write(data))
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> FileInfo:
+def atomic_torch_save(obj: Any, path: str | os.PathLike[str], *, chunk_bytes: int = 0) -> FileInfo:
     """Atomically ``torch.save(obj)`` to ``path``, streaming (no full copy in memory)."""
-    return atomic_write(path, lambda f: torch.save(obj, f))
+    return atomic_write(path, lambda f: torch.save(obj, f), chunk_bytes=chunk_bytes)

@@ -44,6 +44,7 @@ import torch
 
 from ddtk.checkpoint import store
 from ddtk.checkpoint.atomic import CheckpointError
+from ddtk.checkpoint.digest import limit_hash_threads
 from ddtk.checkpoint.retention import check_policy
 from ddtk.checkpoint.state import CheckpointState
 
@@ -247,14 +248,15 @@ class AsyncCheckpointer:
         _lower_priority(self.writer_nice)
         writer = self.writer if self.writer is not None else store.save
         try:
-            path = writer(
-                self.directory,
-                state,
-                step,
-                world_size=self.world_size,
-                keep_last=self.keep_last,
-                keep_every=self.keep_every,
-            )
+            with limit_hash_threads(1):  # leave the other cores to training
+                path = writer(
+                    self.directory,
+                    state,
+                    step,
+                    world_size=self.world_size,
+                    keep_last=self.keep_last,
+                    keep_every=self.keep_every,
+                )
         except BaseException as exc:
             self._error = (step, exc)
         else:

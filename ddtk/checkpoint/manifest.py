@@ -3,8 +3,9 @@
 A checkpoint directory is committed when its ``manifest.json`` exists: the
 manifest is written last (atomically), after every file it lists is durable.
 It lists every file (any number of them, so sharded checkpoints fit) with its
-size and sha256, plus the step, epoch, world size, library versions and time.
-:func:`verify` re-reads the files and reports every difference.
+size and sha256 (one digest, or one per 16 MiB chunk for the large state file:
+see :mod:`ddtk.checkpoint.digest`), plus the step, epoch, world size, library
+versions and time. :func:`verify` re-reads the files and reports every difference.
 
 >>> import os, tempfile
 >>> from ddtk.checkpoint.atomic import atomic_write_bytes
@@ -24,7 +25,6 @@ size and sha256, plus the step, epoch, world size, library versions and time.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -38,10 +38,12 @@ import torch
 
 from ddtk._version import __version__
 from ddtk.checkpoint.atomic import CheckpointError, FileInfo, atomic_write_bytes
+from ddtk.checkpoint.digest import file_digest
 
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "READABLE_FORMATS",
     "CorruptCheckpointError",
     "describe_file",
     "library_versions",
@@ -51,7 +53,9 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Format 2 added chunked digests (``chunk_bytes``, ``sha256_chunks``); format 1 is still read."""
+READABLE_FORMATS = (1, 2)
 
 
 class CorruptCheckpointError(CheckpointError):
@@ -68,15 +72,9 @@ def library_versions() -> dict[str, str]:
     }
 
 
-def describe_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> FileInfo:
-    """Size and sha256 of a file on disk, read in chunks."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-            size += len(block)
-    return FileInfo(size, digest.hexdigest())
+def describe_file(path: str | os.PathLike[str], chunk_bytes: int = 0) -> FileInfo:
+    """Size and sha256 of a file on disk, whole or per ``chunk_bytes`` chunk."""
+    return file_digest(path, chunk_bytes)
 
 
 def _check_name(name: str) -> None:
@@ -113,9 +111,7 @@ def write_manifest(
         "step": step,
         "epoch": epoch,
         "world_size": world_size,
-        "files": {
-            name: {"size": info.size, "sha256": info.sha256} for name, info in sorted(files.items())
-        },
+        "files": {name: info.entry() for name, info in sorted(files.items())},
         "versions": library_versions(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "unix_time": time.time(),
@@ -139,9 +135,10 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise CorruptCheckpointError(f"{path} is unreadable: {exc}") from exc
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         raise CorruptCheckpointError(f"{path} is not a ddtk checkpoint manifest")
-    if manifest.get("format") != FORMAT_VERSION:
+    if manifest.get("format") not in READABLE_FORMATS:
         raise CorruptCheckpointError(
-            f"{path} has format {manifest.get('format')!r}; this ddtk reads format {FORMAT_VERSION}"
+            f"{path} has format {manifest.get('format')!r}; this ddtk reads formats "
+            + ", ".join(map(str, READABLE_FORMATS))
         )
     return manifest
 
@@ -174,6 +171,30 @@ def verify(directory: str | os.PathLike[str], checksums: bool = True) -> list[st
         size = path.stat().st_size
         if size != entry.get("size"):
             problems.append(f"{name}: {size} bytes, the manifest says {entry.get('size')}")
-        elif checksums and describe_file(path).sha256 != entry.get("sha256"):
-            problems.append(f"{name}: sha256 differs from the manifest (the file is corrupt)")
+        elif checksums:
+            problems += _checksum_problems(name, path, entry)
     return problems
+
+
+def _checksum_problems(name: str, path: Path, entry: Mapping[str, Any]) -> list[str]:
+    """What differs between a file's sha256 (whole or chunked) and its manifest entry."""
+    if "sha256_chunks" not in entry:
+        if describe_file(path).sha256 != entry.get("sha256"):
+            return [f"{name}: sha256 differs from the manifest (the file is corrupt)"]
+        return []
+    chunk_bytes, recorded = entry.get("chunk_bytes"), entry["sha256_chunks"]
+    if not isinstance(chunk_bytes, int) or chunk_bytes <= 0 or not isinstance(recorded, list):
+        return [f"{name}: the manifest's chunked sha256 entry is malformed"]
+    found = describe_file(path, chunk_bytes).chunks
+    if len(found) != len(recorded):
+        return [f"{name}: {len(found)} chunks of sha256, the manifest lists {len(recorded)}"]
+    bad = [i for i, (a, b) in enumerate(zip(found, recorded)) if a != b]
+    if not bad:
+        return []
+    mib = chunk_bytes / (1 << 20)
+    where = ", ".join(f"{i * mib:g}-{(i + 1) * mib:g} MiB" for i in bad[:3])
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return [
+        f"{name}: sha256 differs from the manifest in {len(bad)} of {len(found)} chunks "
+        f"(bytes {where}{more}; the file is corrupt)"
+    ]

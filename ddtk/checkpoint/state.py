@@ -208,22 +208,26 @@ def capture(
     epoch: int | None = None,
     rng: bool = True,
     extra: Mapping[str, Any] | None = None,
+    copy: bool = True,
 ) -> CheckpointState:
     """Snapshot the training state (copies, so training may go on while it is written).
 
     ``extra`` is small JSON-serialisable user metadata stored in ``meta``.
+    ``copy=False`` keeps references to the live tensors instead: right for a
+    synchronous :func:`~ddtk.checkpoint.store.save` that finishes before the next
+    optimizer step, and one copy of the whole state cheaper; wrong for anything
+    written in the background while training goes on.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step must be an integer >= 0, got {step!r}")
-    tensors: dict[str, Any] = {
-        "model": {k: v.detach().clone() for k, v in model.state_dict().items()}
-    }
+    keep = _clone if copy else _detach
+    tensors: dict[str, Any] = {"model": keep(dict(model.state_dict()))}
     if optimizer is not None:
-        tensors["optimizer"] = _clone(optimizer.state_dict())
+        tensors["optimizer"] = keep(optimizer.state_dict())
     if scheduler is not None:
-        tensors["scheduler"] = _clone(scheduler.state_dict())
+        tensors["scheduler"] = keep(scheduler.state_dict())
     if rng:
         tensors["rng"] = capture_rng()
     meta: dict[str, Any] = {"step": step, "epoch": epoch, "extra": dict(extra or {})}
@@ -232,15 +236,23 @@ def capture(
     return CheckpointState(tensors, meta)
 
 
-def _clone(obj: Any) -> Any:
-    """Deep copy of nested dicts/lists with tensors cloned (state dicts share storage with training)."""
+def _clone(obj: Any, copy: bool = True) -> Any:
+    """Deep copy of nested dicts/lists with tensors cloned (state dicts share storage with training).
+
+    With ``copy=False`` the containers are new but the tensors are the live ones, detached.
+    """
     if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
+        return obj.detach().clone() if copy else obj.detach()
     if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
+        return {k: _clone(v, copy) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return type(obj)(_clone(v) for v in obj)
+        return type(obj)(_clone(v, copy) for v in obj)
     return obj
+
+
+def _detach(obj: Any) -> Any:
+    """:func:`_clone` without copying tensors."""
+    return _clone(obj, copy=False)
 
 
 def check_model_compatible(model: nn.Module, saved: Mapping[str, torch.Tensor]) -> None:

@@ -31,6 +31,7 @@ import pickle
 import re
 import shutil
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from ddtk.checkpoint.atomic import (
     atomic_torch_save,
     atomic_write_bytes,
 )
+from ddtk.checkpoint.digest import CHUNK_BYTES
 from ddtk.checkpoint.manifest import (
     MANIFEST_NAME,
     CorruptCheckpointError,
@@ -157,7 +159,9 @@ def save(
         raise TypeError(f"checkpoint metadata must be JSON-serialisable: {exc}") from exc
     try:
         files = {
-            STATE_FILE: atomic_torch_save(state.tensors, path / STATE_FILE),
+            STATE_FILE: atomic_torch_save(
+                state.tensors, path / STATE_FILE, chunk_bytes=CHUNK_BYTES
+            ),
             META_FILE: atomic_write_bytes(path / META_FILE, meta_bytes),
         }
         write_manifest(path, files, step=step, epoch=meta.get("epoch"), world_size=world_size)
@@ -238,6 +242,30 @@ def _read(path: Path, map_location: Any) -> Checkpoint:
     return Checkpoint(path, manifest, CheckpointState(tensors, meta))
 
 
+def _verified_read(path: Path, map_location: Any) -> tuple[list[str], Checkpoint | None]:
+    """``(problems, checkpoint)``: verify ``path`` and read it at the same time.
+
+    The checksums are computed in other threads while this one parses the
+    files, so a load costs about ``max(verify, read)`` instead of their sum.
+    What was read counts only when the checkpoint verifies: with problems the
+    checkpoint is None and any error of the read is dropped (a damaged file may
+    well fail to parse). ``weights_only`` loading makes parsing unverified bytes
+    safe. Nothing is restored into a model until this returns.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="ddtk-verify") as pool:
+        checking = pool.submit(problems, path)
+        try:
+            ckpt, error = _read(path, map_location), None
+        except Exception as exc:  # reported below only if the checkpoint verifies
+            ckpt, error = None, exc
+        found = checking.result()
+    if found:
+        return found, None
+    if error is not None:
+        raise error
+    return [], ckpt
+
+
 def load(
     source: str | os.PathLike[str],
     model: nn.Module | None = None,
@@ -268,10 +296,9 @@ def load(
     if not source.is_dir():
         raise CheckpointNotFoundError(f"no checkpoint directory at {source}")
     if _STEP_RE.match(source.name) or (source / MANIFEST_NAME).exists():
-        found = problems(source)
+        found, ckpt = _verified_read(source, map_location)
         if found:
             raise CorruptCheckpointError(f"checkpoint {source} is bad: " + "; ".join(found))
-        ckpt = _read(source, map_location)
     else:
         ckpt = _newest_good(source, map_location)
     if any(obj is not None for obj in (model, optimizer, scheduler, sampler)):
@@ -284,11 +311,11 @@ def _newest_good(directory: Path, map_location: Any) -> Checkpoint:
     """The newest verified checkpoint of a run directory, warning about each one skipped."""
     tried = []
     for _step, path in reversed(checkpoint_dirs(directory)):
-        found = problems(path)
+        found, ckpt = _verified_read(path, map_location)
         if found:
             _warn_skipped(path, found)
             tried.append(f"{path.name} ({'; '.join(found)})")
             continue
-        return _read(path, map_location)
+        return ckpt
     detail = ": bad ones are " + ", ".join(tried) if tried else " (no step-N directories)"
     raise CheckpointNotFoundError(f"no good checkpoint in {directory}{detail}")
