@@ -30,7 +30,9 @@ browser: ## Debian's chromium for the quiz's browser test (apt-get as root; no b
 lab: venv ## install everything and start JupyterLab on lecture 01 (root or not; URL printed)
 	$(BIN)/ddtk course lab
 
-test: venv horovod browser ## run the whole test suite, notebooks and the browser test included
+test: venv ## run the whole test suite, notebooks and the browser test included
+	@# the Horovod build (CPU) and the chromium install (network, disk) overlap
+	@$(MAKE) --no-print-directory -j2 horovod browser
 	@# bytecode for every rank, kernel and worker process to load (PYTHONDONTWRITEBYTECODE=1 stops imports writing it)
 	$(BIN)/python -m compileall -q -j 0 ddtk tests >/dev/null
 	DDTK_REQUIRE=horovod,browser $(BIN)/python -m pytest tests course --nbval-lax --durations=25 $(PYTEST_ARGS)

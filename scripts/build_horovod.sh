@@ -5,7 +5,10 @@
 # Why a build script: Horovod 0.28.1 is the newest release and its CMake files ask for
 # C++14, but torch >= 2.1 headers need C++17 (upstream fixed this in PR #3998, after the
 # release). CMake 4 also refuses the old cmake_minimum_required() in Horovod's vendored
-# third-party code unless CMAKE_POLICY_VERSION_MINIMUM is set.
+# third-party code unless CMAKE_POLICY_VERSION_MINIMUM is set. Its setup.py builds
+# RelWithDebInfo (-O2 -g); the build type is patched to Release (-O3, no debug
+# information): on 2 cores the build takes 104 s instead of 145 s, and the wheel is
+# 1 MB instead of 18 MB.
 #
 # Usage: scripts/build_horovod.sh [PYTHON]   (default: .venv/bin/python)
 # The wheel is cached under .cache/wheels/, keyed by the torch version and CUDA flag,
@@ -20,7 +23,7 @@ mkdir -p "$CACHE"
 
 TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
 HAS_CUDA=$("$PY" -c 'import torch; print(int(torch.cuda.is_available() and torch.version.cuda is not None))')
-KEY="torch${TORCH_VERSION}-cuda${HAS_CUDA}"
+KEY="torch${TORCH_VERSION}-cuda${HAS_CUDA}-release"
 WHEEL_DIR="$CACHE/horovod-$HVD_VERSION-$KEY"
 
 if "$PY" -c "import horovod.torch as h, sys; sys.exit(0 if h.gloo_built() else 1)" 2>/dev/null \
@@ -30,7 +33,7 @@ if "$PY" -c "import horovod.torch as h, sys; sys.exit(0 if h.gloo_built() else 1
 fi
 
 if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
-  echo "building horovod $HVD_VERSION for $KEY (takes about 4 minutes on 2 cores)"
+  echo "building horovod $HVD_VERSION for $KEY (takes about 2 minutes on 2 cores)"
   WORK=$(mktemp -d)
   trap 'rm -rf "$WORK"' EXIT
   "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HVD_VERSION" -d "$WORK"
@@ -40,6 +43,9 @@ if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
   sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
     "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
   grep -q 'CMAKE_CXX_STANDARD 17' "$SRC/CMakeLists.txt" || { echo "C++17 patch did not apply" >&2; exit 1; }
+  # Release instead of RelWithDebInfo (see the top of this file).
+  sed -i "s/else 'RelWithDebInfo'/else 'Release'/" "$SRC/setup.py"
+  grep -q "else 'Release'" "$SRC/setup.py" || { echo "build-type patch did not apply" >&2; exit 1; }
   # cmake from PyPI must be on PATH for setup.py; it sits beside $PY.
   export PATH="$(dirname "$PY"):$PATH"
   export CMAKE_POLICY_VERSION_MINIMUM=3.5

@@ -81,3 +81,34 @@ def test_an_exercise_without_a_check_is_refused(tmp_path: Path) -> None:
     path = _notebook(tmp_path, (EXERCISE, []))
     with pytest.raises(NotebookError, match="have no check cell after them"):
         plan(nbformat.read(path, as_version=4), str(path))
+
+
+def test_uses_names_a_stub_before_the_check_starts_anything() -> None:
+    """The stub ``ddtk course build`` writes is recognised from its code; an answer is not."""
+    from ddtk.course.build import _stub_code
+    from ddtk.course.checks import CheckFailed, exercise, stub_message
+
+    source = "import time\n" + EXERCISE.replace(
+        "    return sum(values)", "    time.sleep(0)\n    return sum(values)"
+    )
+    stub, titles = _stub_code(source, "lab.ipynb", 1, 3)
+    assert titles == ["ring sum"]
+    answer_ns: dict = {}
+    stub_ns: dict = {}
+    exec(source, answer_ns)
+    exec(stub, stub_ns)
+    assert stub_message(answer_ns["ring_sum"]) is None
+    assert stub_message(stub_ns["ring_sum"]) == "Exercise 3: ring sum"
+    assert stub_message(print) is None  # a builtin has no code to read
+    started = []
+    with (
+        pytest.raises(
+            CheckFailed, match=r"^Exercise 3 \(ring sum\) is not done yet: ring_sum\(\) still"
+        ),
+        exercise(3, "ring sum", uses=(answer_ns["ring_sum"], stub_ns["ring_sum"])),
+    ):
+        started.append(True)
+    assert started == []
+    with exercise(3, "ring sum", uses=(answer_ns["ring_sum"],)):
+        started.append(True)
+    assert started == [True]

@@ -5,7 +5,9 @@ A check cell tests the behaviour of what the learner wrote. When it fails it rai
 expected and what came back. An unfinished exercise raises ``NotImplementedError``
 (the stub ``ddtk course build`` writes), possibly deep inside Ray or a rank process;
 :func:`exercise` turns that into "Exercise 3 (training loop) is not done yet" instead
-of a page of someone else's traceback.
+of a page of someone else's traceback. Where the check would first start something
+slow (a Ray Train job, ranks), ``exercise(..., uses=(fn,))`` looks at the functions
+it is about to run and says so at once when one is still the stub.
 
 >>> with exercise(1, "ring sum"):
 ...     expect(sum([1, 2, 3]) == 6, "the sum of 1, 2, 3", expected=6, got=sum([1, 2, 3]))
@@ -17,15 +19,22 @@ Exercise 1 passed: ring sum
 Traceback (most recent call last):
 ...
 ddtk.course.checks.CheckFailed: Exercise 1 (ring sum) is not done yet: ...
+>>> with exercise(1, "ring sum", uses=(stub,)):
+...     print("never reached: a cluster job would start here")
+Traceback (most recent call last):
+...
+ddtk.course.checks.CheckFailed: Exercise 1 (ring sum) is not done yet: stub() still ...
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["CheckFailed", "exercise", "expect", "not_implemented_in"]
+__all__ = ["CheckFailed", "exercise", "expect", "not_implemented_in", "stub_message"]
+
+_STUB_PREFIX = "Exercise "  # how every message of a generated stub starts (ddtk course build)
 
 
 class CheckFailed(AssertionError):
@@ -70,15 +79,44 @@ def not_implemented_in(exc: BaseException) -> str | None:
     return None
 
 
+def stub_message(fn: Callable[..., Any]) -> str | None:
+    """The message of the generated ``raise NotImplementedError("Exercise N: ...")`` in
+    ``fn``'s own body, or None when ``fn`` no longer has it.
+
+    Reads the compiled code (names and constants), so nothing runs.
+    """
+    code = getattr(fn, "__code__", None)
+    if code is None or "NotImplementedError" not in code.co_names:
+        return None
+    for const in code.co_consts:
+        if isinstance(const, str) and const.startswith(_STUB_PREFIX):
+            return const
+    return None
+
+
+def _not_done(name: str, detail: str) -> CheckFailed:
+    return CheckFailed(
+        f"{name} is not done yet: {detail}. Replace the `raise NotImplementedError(...)` line "
+        "with your answer and rerun the exercise cell, then this check."
+    )
+
+
 @contextmanager
-def exercise(number: int, title: str) -> Iterator[None]:
+def exercise(
+    number: int, title: str, *, uses: tuple[Callable[..., Any], ...] = ()
+) -> Iterator[None]:
     """Run a check of exercise ``number``: print a pass line, or raise :class:`CheckFailed`.
 
     A ``NotImplementedError`` anywhere behind the failure means the exercise is still
     the stub; other errors are reported as raised by the learner's code, chained so
-    the full traceback stays available.
+    the full traceback stays available. ``uses`` names the learner's functions the
+    check runs: one that is still the stub fails the check before it starts anything.
     """
     name = f"Exercise {number} ({title})"
+    for fn in uses:
+        stub = stub_message(fn)
+        if stub is not None:
+            raise _not_done(name, f"{fn.__name__}() still raises NotImplementedError ({stub})")
     try:
         yield
     except CheckFailed as exc:
@@ -86,10 +124,6 @@ def exercise(number: int, title: str) -> Iterator[None]:
     except Exception as exc:
         stub = not_implemented_in(exc)
         if stub is not None:
-            raise CheckFailed(
-                f"{name} is not done yet: the code still raises NotImplementedError ({stub}). "
-                "Replace the `raise NotImplementedError(...)` line with your answer and rerun "
-                "the exercise cell, then this check."
-            ) from None
+            raise _not_done(name, f"the code still raises NotImplementedError ({stub})") from None
         raise CheckFailed(f"{name}: your code raised {type(exc).__name__}: {exc}") from exc
     print(f"Exercise {number} passed: {title}")
