@@ -73,8 +73,9 @@ def _run(job: dict, writer: RecordWriter) -> Any:
     _init_group(job["backend"], rank, world, job["timeout"], store=store)
     try:
         ctx = DistributedContext.from_env(
-            job["backend"], validate=job["validate"], timeout=job["timeout"]
-        )
+            job["backend"], validate=job["validate"], timeout=job["timeout"],
+            transport=job["transport"],
+        )  # fmt: skip
         ctx.reporter = writer.report
         result = job["fn"](ctx, *job["args"], **job["kwargs"])
         store.set(
@@ -86,6 +87,7 @@ def _run(job: dict, writer: RecordWriter) -> Any:
         _store_barrier(store, "ddtk/exit/1", world, job["timeout"])
         ctx.flush(timeout=5.0)  # everyone is done: what is not received now never will be
         _store_barrier(store, "ddtk/exit/2", world, job["timeout"])
+        ctx.close()
         return result
     finally:
         dist.destroy_process_group()

@@ -271,6 +271,36 @@ def probe_tools() -> Facts:
     return {"mpirun": find_tool("mpirun"), "nvidia_smi": shutil.which("nvidia-smi"), "error": None}
 
 
+def probe_transport() -> Facts:
+    """The transport ddtk's own collectives use between local ranks, and why.
+
+    ``setting`` is ``DDTK_TRANSPORT`` (default ``auto``), ``in_force`` what a
+    :func:`ddtk.launch` on this machine gets, ``shm_unavailable`` why shared
+    memory cannot be used (None when it can) and ``shm_free_bytes`` the room in /dev/shm.
+    """
+    from ddtk.comm import shm
+    from ddtk.comm.context import check_transport
+
+    try:
+        setting, error = check_transport(None), None
+    except ValueError as exc:
+        setting, error = os.environ.get("DDTK_TRANSPORT"), str(exc)
+    reason = shm.unsupported_reason()
+    free = None
+    if reason is None:
+        stat = os.statvfs(shm.SHM_DIR)
+        free = stat.f_bavail * stat.f_frsize
+    in_force = "tcp" if setting == "tcp" or reason or error else "shm"
+    return {"setting": setting, "setting_error": error, "in_force": in_force,
+            "shm_unavailable": reason, "shm_free_bytes": free, "error": None}  # fmt: skip
+
+
+TRANSPORT_MISSING: Facts = {
+    "setting": None, "setting_error": None, "in_force": "tcp", "shm_unavailable": "not probed",
+    "shm_free_bytes": None,
+}  # fmt: skip
+
+
 def probe_faults() -> Facts:
     """Recovery facts: the op timeout in force, the restarting launchers, the injectors."""
     from ddtk.faults.model import probe
@@ -324,6 +354,7 @@ def collect() -> Facts:
             },
         ),
         "faults": _safe(probe_faults, FAULTS_MISSING),
+        "transport": _safe(probe_transport, TRANSPORT_MISSING),
     }
 
 
@@ -486,6 +517,27 @@ def op_timeout_hint(facts: Facts) -> str | None:
     return None
 
 
+def transport_hint(facts: Facts) -> str | None:
+    """A bad ``DDTK_TRANSPORT``, or shared memory asked for (or expected) and not available."""
+    t = facts.get("transport") or TRANSPORT_MISSING
+    if t.get("setting_error"):
+        return f"{t['setting_error']}: fix or unset DDTK_TRANSPORT, or every launch fails"
+    if t.get("shm_unavailable"):
+        if t.get("setting") == "shm":
+            return f"DDTK_TRANSPORT=shm cannot work here ({t['shm_unavailable']}): use auto or tcp"
+        return (
+            f"ddtk's collectives run over gloo's sockets: {t['shm_unavailable']}. They work, "
+            "only slower than over shared memory"
+        )
+    free = t.get("shm_free_bytes")
+    if free is not None and free < 256 << 20:
+        return (
+            f"/dev/shm has {free >> 20} MiB free: enough for a few ranks, but enlarge it "
+            "(docker run --shm-size=1g) for many"
+        )
+    return None
+
+
 def hints(facts: Facts) -> list[dict[str, str]]:
     """Every missing piece as ``{"level", "topic", "hint"}``, most serious first.
 
@@ -501,6 +553,11 @@ def hints(facts: Facts) -> list[dict[str, str]]:
         ("info", "gpu", gpu_hint(facts)),
         ("info", "mpi", _mpi_hint(facts)),
         ("info", "cores", _cores_hint(facts)),
+        (
+            "error" if (facts.get("transport") or {}).get("setting_error") else "info",
+            "transport",
+            transport_hint(facts),
+        ),
         (
             "error" if facts.get("faults", {}).get("op_timeout_error") else "info",
             "faults",
@@ -590,6 +647,12 @@ def _machine_table(facts: Facts) -> Any:
     table.add_row("NCCL", _yes_no(torch.get("nccl")) + nccl_version)
     table.add_row(
         "MPI (torch)", f"{_yes_no(torch.get('mpi'))}  mpirun: {tools.get('mpirun') or 'not found'}"
+    )
+    t = facts.get("transport") or TRANSPORT_MISSING
+    why = f"  ({t['shm_unavailable']})" if t.get("shm_unavailable") else ""
+    free = f", /dev/shm {_gib(t['shm_free_bytes'])} free" if t.get("shm_free_bytes") else ""
+    table.add_row(
+        "ddtk transport", f"{t.get('in_force')} (DDTK_TRANSPORT={t.get('setting')}){free}{why}"
     )
     return table
 

@@ -291,6 +291,7 @@ def launch(
     echo: bool = True,
     on_report: Callable[[int, Any], None] | None = None,
     op_timeout: float | None = None,
+    transport: str = "auto",
 ) -> list[Any]:
     """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` local ranks; return the per-rank results.
 
@@ -311,6 +312,11 @@ def launch(
             rank (sets ``DDTK_OP_TIMEOUT`` in the ranks). None keeps ``DDTK_OP_TIMEOUT``
             if set, else 300 s (``ddtk.comm.context.DEFAULT_OP_TIMEOUT``); 0 turns it
             off and leaves hangs to ``timeout``.
+        transport: how ddtk's own messages and collectives move between the ranks:
+            ``"shm"`` (shared memory, the way NCCL moves data inside a host), ``"tcp"``
+            (gloo's sockets) or ``"auto"`` (shared memory wherever the machine allows it,
+            see :func:`ddtk.comm.context.check_transport`). ``torch.distributed``'s own
+            collectives, and DDP, use the backend whatever this says.
 
     Raises:
         RankError: a rank raised or died; carries its rank number and traceback.
@@ -319,7 +325,10 @@ def launch(
     """
     import torch.distributed as dist
 
+    from ddtk.comm.context import check_transport
+
     backend = _validate(fn, world_size, backend, timeout, threads)
+    transport = check_transport(transport)
     if op_timeout is not None and (
         isinstance(op_timeout, bool)
         or not isinstance(op_timeout, (int, float))
@@ -340,7 +349,7 @@ def launch(
     job = {
         "fn": fn, "args": tuple(args), "kwargs": dict(kwargs or {}), "world_size": world_size,
         "backend": backend, "host": "127.0.0.1", "port": store.port, "timeout": limit,
-        "threads": threads, "validate": validate,
+        "threads": threads, "validate": validate, "transport": transport,
     }  # fmt: skip
     ranks: list[_Rank] = []
     sel = selectors.DefaultSelector()
@@ -355,12 +364,22 @@ def launch(
         return _collect(ranks, sel, time.monotonic() + limit, timeout, store, on_report)
     finally:
         _stop(ranks)
+        _sweep_segments(ranks)
         sel.close()
         for r in ranks:
             os.close(r.result_fd)
             for t in r.threads:
                 t.join(timeout=2.0)
         del store
+
+
+def _sweep_segments(ranks: Sequence[_Rank]) -> None:
+    """Remove shared-memory files a rank created and could not unlink (it died while connecting)."""
+    from ddtk.comm import shm
+
+    for r in ranks:
+        for path in shm.segments_of(r.proc.pid):
+            path.unlink(missing_ok=True)
 
 
 def _collect(

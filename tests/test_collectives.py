@@ -74,10 +74,22 @@ def assert_same(actual, want, key: str) -> None:
     torch.testing.assert_close(actual, want, rtol=0, atol=0, msg=lambda m: f"{key}: {m}")
 
 
-@pytest.mark.parametrize("n", WORLD_SIZES)
-def test_collectives_match_reference(n: int) -> None:
+def _run_cases_on(ctx, cases, transport):
+    assert ctx.transport == (transport if ctx.world_size > 1 else "tcp"), ctx.transport
+    return run_cases(ctx, cases)
+
+
+# Both of ddtk's transports run the whole matrix: shared memory (the default on one host)
+# and gloo's sockets. World size 1 sends nothing, so it runs once.
+@pytest.mark.parametrize(
+    ("n", "transport"),
+    [(n, "shm") for n in WORLD_SIZES] + [(n, "tcp") for n in WORLD_SIZES if n > 1],
+)
+def test_collectives_match_reference(n: int, transport: str) -> None:
     cases = build_cases(n)
-    results = ddtk.launch(run_cases, world_size=n, args=(cases,), timeout=240)
+    results = ddtk.launch(
+        _run_cases_on, world_size=n, args=(cases, transport), timeout=240, transport=transport
+    )
     for rank, per_rank in enumerate(results):
         for case in cases:
             assert_same(per_rank[case.key], expected(case, n, rank), f"rank {rank} {case.key}")
@@ -94,11 +106,12 @@ def _random_floats(ctx, algorithms, numel):
     return {a: ctx.all_reduce(x, algorithm=a) for a in algorithms}
 
 
-@pytest.mark.parametrize("n", (3, 4))
-def test_large_random_float_all_reduce(n: int) -> None:
-    """Multi-segment buffers (several MiB) with random floats, compared with assert_close."""
+@pytest.mark.parametrize(("n", "transport"), [(3, "shm"), (4, "shm"), (4, "tcp")])
+def test_large_random_float_all_reduce(n: int, transport: str) -> None:
+    """Multi-segment buffers (several MiB, more than a shared-memory ring holds) with random floats."""
     numel = (3 << 20) // 4 * n + 7  # several segments per chunk, not divisible by n
-    results = ddtk.launch(_random_floats, world_size=n, args=(ALL_REDUCE_ALGORITHMS, numel), timeout=240)
+    results = ddtk.launch(_random_floats, world_size=n, args=(ALL_REDUCE_ALGORITHMS, numel),
+                          timeout=240, transport=transport)  # fmt: skip
     want = sum(torch.randn(numel, generator=torch.Generator().manual_seed(1234 + r)).double() for r in range(n)).float()
     for per_rank in results:
         for algo, out in per_rank.items():
@@ -117,3 +130,34 @@ def test_hierarchical_group_sizes() -> None:
     for per_rank in results:
         for g, out in per_rank.items():
             torch.testing.assert_close(out, want, msg=lambda m, g=g: f"group_size={g}: {m}")
+
+
+def _into_out(ctx):
+    out = {}
+    for algo in ALL_REDUCE_ALGORITHMS:
+        x = torch.arange(1003, dtype=torch.float32) * (ctx.rank + 1)
+        buf = torch.full_like(x, -1.0)
+        got = ctx.all_reduce(x, algorithm=algo, out=buf)
+        out[algo] = (got is buf, buf.clone(), torch.equal(x, torch.arange(1003.0) * (ctx.rank + 1)))
+        same = ctx.all_reduce(x, op="avg", algorithm=algo, out=x)  # in place, like torch.distributed
+        out[algo + "/in-place"] = (same is x, x.clone(), True)
+    for bad, says in ((torch.empty(3), "out must match the input"),
+                      (torch.empty(1003, dtype=torch.float64), "out must match the input"),
+                      (torch.empty(2006)[::2], "contiguous")):  # fmt: skip
+        try:
+            ctx.all_reduce(torch.ones(1003) if bad.numel() != 3 else torch.ones(4), out=bad)
+        except ValueError as exc:
+            out.setdefault("errors", []).append(says in str(exc))
+    return out
+
+
+@pytest.mark.parametrize(("n", "transport"), [(2, "shm"), (3, "shm"), (5, "shm"), (3, "tcp")])
+def test_all_reduce_into_out_and_in_place(n: int, transport: str) -> None:
+    results = ddtk.launch(_into_out, n, timeout=120, transport=transport)
+    total = torch.arange(1003, dtype=torch.float32) * sum(range(1, n + 1))
+    for per_rank in results:
+        assert per_rank.pop("errors") == [True, True, True]
+        for key, (is_out, value, input_kept) in per_rank.items():
+            assert is_out and input_kept, key
+            want = total / n if key.endswith("in-place") else total
+            torch.testing.assert_close(value, want, msg=lambda m, k=key: f"{k}: {m}")

@@ -240,6 +240,14 @@ def healthy_cpu_facts() -> dict[str, Any]:
             "injectors": ["kill_at_step"],
             "error": None,
         },
+        "transport": {
+            "setting": "auto",
+            "setting_error": None,
+            "in_force": "shm",
+            "shm_unavailable": None,
+            "shm_free_bytes": 4 * 2**30,
+            "error": None,
+        },
     }
 
 
@@ -479,3 +487,25 @@ def test_human_output_has_the_fault_tolerance_tables() -> None:
     proc = run_cli()
     assert "Fault tolerance" in proc.stdout and "Failure model" in proc.stdout
     assert "a rank hangs" in proc.stdout
+
+
+def test_transport_in_force_is_reported_with_why_shared_memory_is_not(monkeypatch) -> None:
+    monkeypatch.setenv("DDTK_TRANSPORT", "tcp")
+    facts = doctor.collect()["transport"]
+    assert facts["setting"] == "tcp" and facts["in_force"] == "tcp"
+    monkeypatch.setenv("DDTK_TRANSPORT", "pigeon")
+    facts = doctor.collect()["transport"]
+    assert "unknown transport 'pigeon'" in facts["setting_error"]
+    assert "transport" not in hint_topics(healthy_cpu_facts())
+    no_shm = with_changes(transport={"in_force": "tcp", "shm_unavailable": "this CPU is arm64"})
+    (item,) = [h for h in doctor.hints(no_shm) if h["topic"] == "transport"]
+    assert item["level"] == "info" and "gloo's sockets: this CPU is arm64" in item["hint"]
+    forced = with_changes(transport={"setting": "shm", "shm_unavailable": "no /dev/shm"})
+    (item,) = [h for h in doctor.hints(forced) if h["topic"] == "transport"]
+    assert "DDTK_TRANSPORT=shm cannot work here" in item["hint"]
+    bad = with_changes(transport={"setting_error": "unknown transport 'x'"})
+    (item,) = [h for h in doctor.hints(bad) if h["topic"] == "transport"]
+    assert item["level"] == "error"
+    small = with_changes(transport={"shm_free_bytes": 64 << 20})
+    (item,) = [h for h in doctor.hints(small) if h["topic"] == "transport"]
+    assert "/dev/shm has 64 MiB free" in item["hint"]

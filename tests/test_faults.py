@@ -40,6 +40,9 @@ def _survivor_writes_error(ctx, plan, out_dir, algorithm):
     """Every rank runs the plan at step 0, then all-reduces; survivors record how it failed."""
     if ctx.rank != 2:  # outlive the launcher's SIGTERM long enough to write the record
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Every survivor ignores SIGTERM before rank 2 fails: else the launcher's SIGTERM can
+    # reach a rank still starting up, which then exits without a record.
+    ctx.barrier()
     plan.maybe_fail(ctx, 0)
     start = time.monotonic()
     try:
@@ -68,8 +71,12 @@ def _read_records(out_dir: Path, ranks) -> dict[int, dict]:
 
 
 # -- 1. a hang becomes an error ----------------------------------------------------------
+TRANSPORTS = ["shm", "tcp"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("validate", [False, True])
-def test_hung_peer_raises_collective_timeout_naming_it(tmp_path, validate):
+def test_hung_peer_raises_collective_timeout_naming_it(tmp_path, validate, transport):
     start = time.monotonic()
     with pytest.raises(ddtk.RankError) as info:
         ddtk.launch(
@@ -80,6 +87,7 @@ def test_hung_peer_raises_collective_timeout_naming_it(tmp_path, validate):
             validate=validate,
             echo=False,
             op_timeout=OP_TIMEOUT,  # reaches the ranks as DDTK_OP_TIMEOUT
+            transport=transport,
         )
     assert time.monotonic() - start < 60  # the launcher's timeout never fired
     assert info.value.rank in (0, 1)
@@ -101,7 +109,8 @@ def test_hung_peer_raises_collective_timeout_naming_it(tmp_path, validate):
         assert "(argument check)" in records[0]["message"]
 
 
-def test_dead_peer_gives_a_clear_error_not_a_hang(tmp_path, monkeypatch):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_dead_peer_gives_a_clear_error_not_a_hang(tmp_path, monkeypatch, transport):
     """The survivors see the lost connections in the argument check of their next collective."""
     monkeypatch.setenv("DDTK_OP_TIMEOUT", str(OP_TIMEOUT))
     start = time.monotonic()
@@ -112,6 +121,7 @@ def test_dead_peer_gives_a_clear_error_not_a_hang(tmp_path, monkeypatch):
             args=(FaultPlan(kill_at_step(rank=2, step=0)), str(tmp_path), "ring"),
             timeout=60,
             echo=False,
+            transport=transport,
         )
     assert time.monotonic() - start < 30
     assert info.value.rank == 2 and "signal SIGKILL" in str(info.value)
@@ -130,13 +140,15 @@ def _recv_from_hung(ctx):
     return ctx.recv(src=1, tag=3)
 
 
-def test_recv_from_a_hung_peer_times_out():
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_recv_from_a_hung_peer_times_out(transport):
     with pytest.raises(ddtk.RankError) as info:
         ddtk.launch(
             _recv_with_timeout,
             2,
             timeout=60,
             echo=False,
+            transport=transport,
         )
     assert info.value.rank == 0
     assert "CollectiveTimeoutError: rank 0: recv made no progress for 1.0 s waiting for rank 1" in (
@@ -146,7 +158,9 @@ def test_recv_from_a_hung_peer_times_out():
 
 def _recv_with_timeout(ctx):
     """Rebuild the context with an explicit op_timeout (the constructor argument path)."""
-    ctx = DistributedContext(ctx.rank, ctx.world_size, ctx.backend, ctx.device, op_timeout=1.0)
+    ctx = DistributedContext(
+        ctx.rank, ctx.world_size, ctx.backend, ctx.device, op_timeout=1.0, transport=ctx.transport
+    )
     return _recv_from_hung(ctx)
 
 
@@ -163,10 +177,10 @@ def _many_ops(ctx):
     return out
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
-def test_watched_collectives_stay_correct(world, monkeypatch):
+@pytest.mark.parametrize(("world", "transport"), [(1, "shm"), (2, "shm"), (3, "shm"), (3, "tcp")])
+def test_watched_collectives_stay_correct(world, monkeypatch, transport):
     monkeypatch.setenv("DDTK_OP_TIMEOUT", "30")
-    results = ddtk.launch(_many_ops, world, timeout=120, echo=False)
+    results = ddtk.launch(_many_ops, world, timeout=120, echo=False, transport=transport)
     base = torch.arange(5, dtype=torch.float64)
     expected = sum(base + 10 * r for r in range(world))
     for rank, out in enumerate(results):

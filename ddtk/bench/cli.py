@@ -52,6 +52,8 @@ def bench_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--warmup", type=int, default=2, help="untimed repetitions first (default 2)")
     p.add_argument("--backend", default="auto", help="auto, gloo or nccl")
+    p.add_argument("--transports", default="shm,tcp",
+                   help="ddtk transports to time, comma-separated: shm, tcp (default both)")  # fmt: skip
     p.add_argument(
         "--json", metavar="PATH", help="write every measurement and the environment as JSON"
     )
@@ -98,6 +100,10 @@ def _run_collectives(args: argparse.Namespace) -> int:
         algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
         from ddtk.comm.context import ALL_REDUCE_ALGORITHMS
 
+        transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+        if not transports or set(transports) - {"shm", "tcp"}:
+            raise ValueError(f"--transports takes shm and/or tcp, got {args.transports!r}")
+
         unknown = [a for a in algorithms if a not in ALL_REDUCE_ALGORITHMS or a == "torch"]
         if unknown:
             raise ValueError(
@@ -111,4 +117,4 @@ def _run_collectives(args: argparse.Namespace) -> int:
     while size <= hi:
         sizes.append(size)
         size *= args.step
-    return report.run_collectives(world_sizes, sizes, algorithms, args)
+    return report.run_collectives(world_sizes, sizes, algorithms, args, transports)

@@ -1,7 +1,9 @@
 """``ddtk bench collectives``: all-reduce bandwidth in the style of nccl-tests.
 
 For every message size (powers of two) and algorithm it reports the time
-(median, p10, p90 of the slowest rank), the algorithm bandwidth (bytes / time)
+(median, p10, p90 of the slowest rank; calls shorter than 2 ms are timed in
+batches of back-to-back calls, as nccl-tests does, so that the skew with which
+the ranks leave the barrier does not swamp them), the algorithm bandwidth (bytes / time)
 and the bus bandwidth (algbw x 2(n-1)/n, comparable across world sizes). The
 peer, ``torch.distributed.all_reduce`` on the same process group (gloo on CPU,
 NCCL on GPU), runs interleaved with the ddtk algorithms in the same processes,
@@ -15,10 +17,19 @@ Run it::
 
 Each rank runs one thread (``torch.set_num_threads(1)``); world size, core
 count and backend are recorded with every result.
+
+ddtk's rows write into a preallocated buffer (``all_reduce(x, out=buf)``), as the
+peer reduces in place: a fresh result of 64 MiB costs as much in page faults as
+the transfer itself, and that is the allocator's cost, not the algorithm's.
+
+``--transports shm,tcp`` (the default) times every ddtk algorithm over both of
+ddtk's transports in the same processes: shared memory and gloo's sockets. Rows
+carry a ``transport`` field and are labelled ``ring/shm``, ``ring/tcp``.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
@@ -39,6 +50,26 @@ def _iters_for(nbytes: int, iters: int) -> int:
     return iters * 5 if nbytes <= (64 << 10) else iters
 
 
+SAMPLE_S = 2e-3
+"""A sample times back-to-back calls for at least this long (at most 20 calls)."""
+
+
+def _calls_per_sample(seconds_per_call: float) -> int:
+    """How many back-to-back calls make one sample, from a warm-up call's time.
+
+    The ranks leave the barrier before a sample up to a few hundred microseconds
+    apart; a sample of 2 ms or more keeps that skew out of the median. Every rank
+    gets the same number, because the warm-up time is already the slowest rank's.
+    """
+    return max(1, min(20, math.ceil(SAMPLE_S / max(seconds_per_call, 1e-9))))
+
+
+def label(row: dict) -> str:
+    """How a row is named in tables and plots: ``ring/shm``, ``torch``, ``memcpy``."""
+    transport = row.get("transport")
+    return f"{row['algorithm']}/{transport}" if transport else row["algorithm"]
+
+
 def _rank_sweep(
     ctx,
     sizes: Sequence[int],
@@ -48,57 +79,74 @@ def _rank_sweep(
     peer: bool,
     memcpy: bool,
     validated: bool,
+    transports: Sequence[str] = (),
 ) -> list[dict]:
     """Body run on every rank: correctness check, then interleaved timing, per size."""
     import torch.distributed as dist
 
+    from ddtk.comm.context import DistributedContext
+
+    contexts = {ctx.transport: ctx}
+    for t in transports:  # one more context per further transport, in the same processes
+        if t not in contexts:
+            other = DistributedContext(ctx.rank, ctx.world_size, ctx.backend, ctx.device,
+                                       validate=False, transport=t)  # fmt: skip
+            contexts.setdefault(other.transport, other)
     rows: list[dict] = []
     for nbytes in sizes:
         numel = max(1, nbytes // 4)
         x = torch.randn(numel, generator=torch.Generator().manual_seed(ctx.rank)).to(ctx.device)
         want = x.clone()
         dist.all_reduce(want)
-        errors = {a: float((ctx.all_reduce(x, algorithm=a) - want).abs().max()) for a in algorithms}
-
-        contenders = _contenders(ctx, x, algorithms, peer, memcpy, validated)
-        samples: dict[str, list[float]] = {name: [] for name in contenders}
+        errors = {
+            (a, t): float((c.all_reduce(x, algorithm=a) - want).abs().max())
+            for a in algorithms
+            for t, c in contexts.items()
+        }
+        contenders = _contenders(contexts, ctx, x, algorithms, peer, memcpy, validated)
+        samples: dict[tuple[str, str | None], list[float]] = {name: [] for name in contenders}
+        calls = dict.fromkeys(contenders, 1)
         for i in range(warmup + _iters_for(nbytes, iters)):
-            for (
-                name,
-                fn,
-            ) in contenders.items():  # interleaved: every contender sees the same conditions
-                t = timed_across_ranks(fn)
-                if i >= warmup:
+            for name, fn in contenders.items():  # interleaved: all see the same conditions
+                t = timed_across_ranks(fn, calls[name])
+                if i < warmup:
+                    calls[name] = _calls_per_sample(t)
+                else:
                     samples[name].append(t)
-        for name, ts in samples.items():
-            rows.append(_row(name, ctx.world_size, numel * 4, ts, errors.get(name)))
+        for (name, transport), ts in samples.items():
+            row = _row(name, ctx.world_size, numel * 4, ts, errors.get((name, transport)))
+            rows.append({**row, "transport": transport})
     return rows
 
 
 def _contenders(
-    ctx, x: torch.Tensor, algorithms: Sequence[str], peer: bool, memcpy: bool, validated: bool
-) -> dict[str, Any]:
-    """The operations timed for one message, by row name."""
+    contexts: dict, ctx, x: torch.Tensor, algorithms: Sequence[str], peer: bool, memcpy: bool,
+    validated: bool,
+) -> dict[tuple[str, str | None], Any]:
+    """The operations timed for one message, by (row name, transport)."""
     import torch.distributed as dist
 
-    contenders: dict[str, Any] = {
-        a: (lambda a=a: ctx.all_reduce(x, algorithm=a)) for a in algorithms
+    out = torch.empty_like(x)  # the peer reduces in place: no contender allocates its result
+    contenders: dict[tuple[str, str | None], Any] = {
+        (a, t): (lambda a=a, c=c: c.all_reduce(x, algorithm=a, out=out))
+        for a in algorithms
+        for t, c in contexts.items()
     }
     if peer:
         peer_buf = x.clone()
-        contenders[PEER] = lambda: dist.all_reduce(peer_buf)
+        contenders[PEER, None] = lambda: dist.all_reduce(peer_buf)
     if validated:
-        contenders[VALIDATED] = lambda: _validated(ctx, x)
+        contenders[VALIDATED, ctx.transport] = lambda: _validated(ctx, x, out)
     if memcpy:
         dst = torch.empty_like(x)
-        contenders["memcpy"] = lambda: dst.copy_(x)
+        contenders["memcpy", None] = lambda: dst.copy_(x)
     return contenders
 
 
-def _validated(ctx, x: torch.Tensor) -> torch.Tensor:
+def _validated(ctx, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     ctx.validate = True
     try:
-        return ctx.all_reduce(x, algorithm="ring")
+        return ctx.all_reduce(x, algorithm="ring", out=out)
     finally:
         ctx.validate = False
 
@@ -125,18 +173,21 @@ def sweep(
     validated_row: bool = False,
     backend: str = "auto",
     timeout: float = 1800.0,
+    transports: Sequence[str] = ("shm", "tcp"),
 ) -> list[dict]:
-    """Measure all-reduce on ``world_size`` fresh local ranks; one dict per (algorithm, size).
+    """Measure all-reduce on ``world_size`` fresh local ranks; one dict per (algorithm, transport, size).
 
     ``validate`` turns argument validation on for the ddtk rows (off by default,
-    as in a benchmark); ``validated_row`` adds a ``"ring+validate"`` row that
-    shows what validation costs.
+    as in a benchmark); ``validated_row`` adds a ``"ring+validate"`` row (first
+    transport) that shows what validation costs. ``transports`` lists ddtk's
+    transports to time (the first one that can run is the launch's own).
     """
     import ddtk
 
     results = ddtk.launch(
-        _rank_sweep, world_size, args=(list(sizes), list(algorithms), iters, warmup, peer, memcpy, validated_row),
-        backend=backend, timeout=timeout, validate=validate,
+        _rank_sweep, world_size,
+        args=(list(sizes), list(algorithms), iters, warmup, peer, memcpy, validated_row, list(transports)),
+        backend=backend, timeout=timeout, validate=validate, transport=transports[0],
     )  # fmt: skip
     return results[0]
 

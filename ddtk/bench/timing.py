@@ -10,12 +10,19 @@ import torch
 import torch.distributed as dist
 
 
-def timed_across_ranks(fn: Callable[[], object]) -> float:
-    """Run ``fn`` once after a barrier; return the slowest rank's seconds (a collective is as slow as its slowest rank)."""
+def timed_across_ranks(fn: Callable[[], object], repeat: int = 1) -> float:
+    """Run ``fn`` ``repeat`` times after a barrier; return the slowest rank's seconds per call.
+
+    A collective is as slow as its slowest rank. The ranks leave the barrier up to a
+    few hundred microseconds apart, and that skew lands in the first call's time;
+    timing ``repeat`` back-to-back calls (as nccl-tests does) spreads it out, which
+    matters for messages that take microseconds.
+    """
     dist.barrier()
     start = time.perf_counter()
-    fn()
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    for _ in range(repeat):
+        fn()
+    elapsed = torch.tensor([(time.perf_counter() - start) / repeat], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return float(elapsed)
 

@@ -8,6 +8,11 @@ times every collective into :attr:`stats`, and never modifies its inputs.
 
 Results live on :attr:`device` (``cpu`` with gloo, ``cuda:<local rank>`` with NCCL).
 
+The point-to-point messages go through a *transport* (:attr:`transport`):
+``"shm"``, shared-memory rings between the ranks of a host
+(:mod:`ddtk.comm.shm_transport`), or ``"tcp"``, the process group's own
+point-to-point (gloo's sockets, or NCCL). See :func:`check_transport`.
+
 ``op_timeout`` (seconds) turns a hang into an error: a receive or collective
 that makes no progress for that long raises :class:`CollectiveTimeoutError`
 naming the collective, this rank and the rank(s) it waited for; a peer that dies
@@ -49,9 +54,12 @@ from ddtk.comm.transport import (
     Message,
     Transport,
     Work,
+    _default_store,
 )
 
 OP_TIMEOUT_ENV = "DDTK_OP_TIMEOUT"
+TRANSPORT_ENV = "DDTK_TRANSPORT"
+TRANSPORTS: tuple[str, ...] = ("auto", "shm", "tcp")
 DEFAULT_OP_TIMEOUT = 300.0
 _OFF = ("off", "none", "0", "0.0")
 
@@ -136,7 +144,9 @@ class DistributedContext:
         device: torch.device | str,
         validate: bool = True,
         op_timeout: float | None = None,
+        transport: str | None = None,
     ):
+        transport = check_transport(transport)
         if op_timeout is None:
             op_timeout = op_timeout_from_env()
         elif isinstance(op_timeout, bool) or not isinstance(op_timeout, (int, float)):
@@ -154,7 +164,10 @@ class DistributedContext:
         self.validate = validate
         self.op_timeout = None if op_timeout is None else float(op_timeout)
         self.stats = CommStats()
-        self._comm = Transport(rank, world_size, self.device, self.stats, self.op_timeout)
+        self._comm = _make_transport(
+            transport, rank, world_size, self.device, self.stats, self.op_timeout
+        )
+        self.transport = self._comm.name
         if self.op_timeout is not None and dist.is_initialized():
             _set_group_timeout(self.op_timeout)  # torch's own collectives (argument check, "torch")
         self._all = list(range(world_size))
@@ -180,6 +193,7 @@ class DistributedContext:
         validate: bool = True,
         timeout: float = 1800.0,
         op_timeout: float | None = None,
+        transport: str | None = None,
     ) -> DistributedContext:
         """Wrap the process group that a launcher set up, initialising it if needed.
 
@@ -188,6 +202,7 @@ class DistributedContext:
         (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, with MASTER_ADDR/PORT exported
         by the batch script) and under :func:`ddtk.launch`. ``op_timeout`` defaults to
         ``DDTK_OP_TIMEOUT``, else 300 s; 0 turns it off (see the module docstring).
+        ``transport`` (default ``DDTK_TRANSPORT``, else ``"auto"``): see :func:`check_transport`.
         """
         local_size = _env_int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE") or 1
         local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID") or 0
@@ -210,7 +225,9 @@ class DistributedContext:
             if backend == "nccl"
             else torch.device("cpu")
         )
-        return cls(dist.get_rank(), dist.get_world_size(), backend, device, validate, op_timeout)
+        return cls(
+            dist.get_rank(), dist.get_world_size(), backend, device, validate, op_timeout, transport
+        )
 
     @property
     def is_master(self) -> bool:
@@ -218,7 +235,14 @@ class DistributedContext:
         return self.rank == 0
 
     def __repr__(self) -> str:
-        return f"DistributedContext(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, device={self.device})"
+        return (
+            f"DistributedContext(rank={self.rank}, world_size={self.world_size}, "
+            f"backend={self.backend!r}, device={self.device}, transport={self.transport!r})"
+        )
+
+    def close(self) -> None:
+        """Tell the peers this rank will send nothing more (they stop waiting for it at once)."""
+        self._comm.close()
 
     # -- point to point --------------------------------------------------------------
     def send(self, obj: Any, dst: int, tag: int = 0) -> None:
@@ -243,19 +267,22 @@ class DistributedContext:
         With a ``timeout`` (seconds), raise a RuntimeError naming the messages that
         no rank received in time, instead of waiting for ever.
         """
-        if timeout is None:
-            while self._pending:
-                self._pending.pop(0)[2].wait()
-            return
-        deadline = time.monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         while self._pending:
             try:
-                self._pending[0][2].wait(timedelta(seconds=max(0.001, deadline - time.monotonic())))
+                if deadline is None:
+                    self._pending[0][2].wait()
+                else:
+                    left = max(0.001, deadline - time.monotonic())
+                    self._pending[0][2].wait(timedelta(seconds=left))
             except RuntimeError:
+                if deadline is None:
+                    raise
                 break
             self._pending.pop(0)
-        if self._pending:
-            lost = sorted({(dst, tag) for dst, tag, _ in self._pending})
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        lost = sorted({(dst, tag) for dst, tag, _ in self._pending} | set(self._comm.undelivered(left)))
+        if lost:
             what = ", ".join(f"to rank {d} with tag {t}" for d, t in lost)
             raise RuntimeError(
                 f"rank {self.rank} finished with messages that were never received: {what}"
@@ -341,11 +368,15 @@ class DistributedContext:
         op: ReduceOp | str = ReduceOp.SUM,
         algorithm: str = "ring",
         group_size: int | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The reduction of every rank's tensor, on every rank, by the chosen algorithm.
 
         ``algorithm`` is one of :data:`ALL_REDUCE_ALGORITHMS`; ``group_size`` sets
         the group size of ``"hierarchical"`` (default about sqrt(world_size)).
+        ``out`` receives the result instead of a new tensor (same shape and dtype,
+        contiguous, on :attr:`device`; ``out=tensor`` reduces in place, as
+        ``torch.distributed.all_reduce`` does). The ring writes straight into it.
         """
         op = self._check_reduction(tensor, op, "all_reduce")
         if algorithm not in ALL_REDUCE_ALGORITHMS:
@@ -356,16 +387,33 @@ class DistributedContext:
             raise ValueError(
                 "group_size is a positive integer and only applies to algorithm='hierarchical'"
             )
+        if out is not None:
+            self._check_out(out, tensor)
         extra = {"group_size": group_size} if algorithm == "hierarchical" else {}
         with self._collective("all_reduce", tensor, op=op, algorithm=algorithm, **extra):
+            if algorithm == "ring":
+                return ring.all_reduce(self._comm, self._all, tensor, op, out=out)
             if algorithm == "torch":
                 with self._watched("torch.distributed.all_reduce"):
-                    return reference.all_reduce(
+                    result = reference.all_reduce(
                         tensor, op, self.world_size, self.device, self.backend
                     )
-            if algorithm == "hierarchical":
-                return hierarchical.all_reduce(self._comm, self._all, tensor, op, group_size)
-            return _P2P_ALL_REDUCE[algorithm](self._comm, self._all, tensor, op)
+            elif algorithm == "hierarchical":
+                result = hierarchical.all_reduce(self._comm, self._all, tensor, op, group_size)
+            else:
+                result = _P2P_ALL_REDUCE[algorithm](self._comm, self._all, tensor, op)
+            return result if out is None else out.copy_(result)
+
+    def _check_out(self, out: Any, tensor: torch.Tensor) -> None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if out.shape != tensor.shape or out.dtype != tensor.dtype:
+            raise ValueError(
+                f"out must match the input: got {tuple(out.shape)} {out.dtype}, "
+                f"need {tuple(tensor.shape)} {tensor.dtype}"
+            )
+        if not out.is_contiguous() or out.device != self.device:
+            raise ValueError(f"out must be a contiguous tensor on {self.device}")
 
     def ring_all_reduce(
         self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM
@@ -392,8 +440,24 @@ class DistributedContext:
         self._comm.seq += 1
         if self.validate:
             with self._watched("argument check"):
-                _validation.check(desc, self.world_size, self.device)
+                _validation.check(desc, self.world_size, self.device, self._gather_fingerprints)
         return self.stats.timed(label)
+
+    def _gather_fingerprints(self, mine: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's fingerprint, through this context's transport (one ring all-gather)."""
+        if self.transport == "tcp":
+            everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
+            dist.all_gather(everyone, mine)
+            return everyone
+        counted = (self.stats.bytes_sent, self.stats.bytes_received,
+                   self.stats.messages_sent, self.stats.messages_received)  # fmt: skip
+        self._comm.phase = "argument check"
+        try:
+            return ring.all_gather(self._comm, self._all, mine)
+        finally:  # the check is not the collective's traffic: stats count what gloo's did not
+            self._comm.phase = ""
+            (self.stats.bytes_sent, self.stats.bytes_received,
+             self.stats.messages_sent, self.stats.messages_received) = counted  # fmt: skip
 
     @contextlib.contextmanager
     def _watched(self, phase: str) -> Iterator[None]:
@@ -450,6 +514,43 @@ class DistributedContext:
         for c in chunks:
             self._check_tensor(c, "scatter")
         return list(chunks)
+
+
+def check_transport(transport: str | None) -> str:
+    """Validate a transport name; None reads :data:`TRANSPORT_ENV` (default ``"auto"``).
+
+    * ``"tcp"``: gloo's (or NCCL's) own point-to-point, between any ranks.
+    * ``"shm"``: shared memory between the ranks of each host, gloo between hosts;
+      an error where shared memory cannot be used (not Linux x86-64, NCCL, no store).
+    * ``"auto"``: ``"shm"`` where it can be used and two ranks share a host, else ``"tcp"``.
+    """
+    if transport is None:
+        transport = os.environ.get(TRANSPORT_ENV, "").strip() or "auto"
+    if transport not in TRANSPORTS:
+        raise ValueError(
+            f"unknown transport {transport!r}; expected one of {', '.join(TRANSPORTS)}"
+        )
+    return transport
+
+
+def _make_transport(
+    kind: str, rank: int, world_size: int, device: torch.device, stats: CommStats, op_timeout: Any
+) -> Transport:
+    """The transport ``kind`` asks for, or the TCP one where shared memory does not apply."""
+    from ddtk.comm import shm, shm_transport
+
+    store = _default_store() if world_size > 1 and dist.is_initialized() else None
+    reason = (
+        shm.unsupported_reason()
+        or (f"it moves CPU tensors and this group runs on {device}" if device.type != "cpu" else None)
+        or (None if store is not None else "there is no initialised process group with a store")
+    )
+    if kind == "tcp" or world_size == 1 or (kind == "auto" and reason):
+        return Transport(rank, world_size, device, stats, op_timeout)
+    if reason:
+        raise ValueError(f"transport='shm' cannot be used: {reason}. Use transport='tcp'.")
+    comm = shm_transport.connect(rank, world_size, device, stats, op_timeout, store)
+    return comm or Transport(rank, world_size, device, stats, op_timeout)
 
 
 def _send_meta(

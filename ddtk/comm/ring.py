@@ -211,16 +211,23 @@ def all_reduce(
     tensor: torch.Tensor,
     op: ReduceOp,
     tag: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Ring all-reduce of ``tensor`` over ``ranks``; returns a new tensor of the same shape."""
+    """Ring all-reduce of ``tensor`` over ``ranks``, into ``out`` or a new tensor of the same shape.
+
+    ``out`` (contiguous, same shape and dtype; may be ``tensor`` itself) saves the
+    allocation: a fresh buffer of tens of MiB costs page faults on every call.
+    """
     n = len(ranks)
     src = _flat(tensor, comm.device)
     if n == 1 or src.numel() == 0:
-        return src.clone().view(tensor.shape)
-    out = torch.empty_like(src)
+        return src.clone().view(tensor.shape) if out is None else out.copy_(tensor)
+    result = out
+    out = torch.empty_like(src) if out is None else out.view(-1)
     plan = rank_plan(n, ranks.index(comm.rank))
     run_ring(comm, ranks, src, out, chunk_bounds(src.numel(), n), plan, op, tag)
-    return finish_(out, op, n).view(tensor.shape)
+    finish_(out, op, n)
+    return out.view(tensor.shape) if result is None else result
 
 
 def reduce_scatter(

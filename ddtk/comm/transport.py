@@ -126,7 +126,13 @@ class Message:
 
 
 class Transport:
-    """Counts, tags and sends tensors between the ranks of one process group."""
+    """Counts, tags and sends tensors between the ranks of one process group (gloo or NCCL).
+
+    This is the ``"tcp"`` transport on CPU: gloo's point-to-point over sockets.
+    :class:`~ddtk.comm.shm_transport.ShmTransport` replaces it between ranks of one host.
+    """
+
+    name = "tcp"
 
     def __init__(
         self,
@@ -145,6 +151,7 @@ class Transport:
         self.op_timeout_s = op_timeout
         self.op_timeout = None if op_timeout is None else timedelta(seconds=op_timeout)
         self.op = "send/recv"  # the operation running now; set by the context
+        self.phase = ""  # a part of it ("argument check"), named in errors
         self.seq = 0  # how many collectives this rank has started
 
     # -- failures --------------------------------------------------------------------
@@ -153,6 +160,7 @@ class Transport:
     ) -> CommunicationError:
         """Turn a failed wait into an error naming the operation, the peers and the missing ranks."""
         text = str(exc).split("] ", 1)[-1]  # drop gloo's source-file prefix
+        phase = phase or self.phase
         timed_out = "timed out" in text.lower() or "timeout" in text.lower()
         grace = min(5.0, max(0.5, self.op_timeout_s / 2)) if timed_out else 0.5
         notes = _exchange_notes(self, f"{op}#{seq}", grace)
@@ -232,6 +240,13 @@ class Transport:
     def release_workspace(self) -> None:
         """Free the cached scratch buffers."""
         self._workspace.clear()
+
+    def close(self) -> None:
+        """Let the peers know this rank is done (nothing to do over gloo)."""
+
+    def undelivered(self, timeout: float | None) -> list[tuple[int, int]]:
+        """(dst, tag) of sent messages no receiver has taken; gloo's sends complete only then."""
+        return []
 
     # -- self-describing tensors and objects -------------------------------------------
     def send_tensor(self, tensor: torch.Tensor, dst: int, tag: int) -> list[Work]:

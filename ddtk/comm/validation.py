@@ -4,7 +4,7 @@ If rank 0 all-reduces a float32 tensor of 10 elements and rank 1 one of 12, a
 hand-written collective either deadlocks or silently mixes bytes. Before each
 collective every rank therefore publishes a fingerprint of what it is about to
 do (which collective, algorithm, op, dtype, shape, root). The fast path costs
-one tiny ``torch.distributed`` all-gather of 8-byte hashes; only when hashes
+one tiny all-gather of 8-byte hashes (through the context's transport); only when hashes
 differ are the full descriptions exchanged to build an error that names the
 ranks and the fields that differ. Every rank raises the same error.
 """
@@ -12,7 +12,7 @@ ranks and the fields that differ. Every rank raises the same error.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -29,13 +29,25 @@ def fingerprint(desc: Mapping[str, Any]) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little", signed=True)
 
 
-def check(desc: Mapping[str, Any], world_size: int, device: torch.device) -> None:
-    """Raise :class:`CollectiveMismatchError` on every rank if any rank's ``desc`` differs."""
+def check(
+    desc: Mapping[str, Any],
+    world_size: int,
+    device: torch.device,
+    gather: Callable[[torch.Tensor], list[torch.Tensor]] | None = None,
+) -> None:
+    """Raise :class:`CollectiveMismatchError` on every rank if any rank's ``desc`` differs.
+
+    ``gather`` all-gathers the one-element fingerprint tensor (default:
+    ``torch.distributed.all_gather``); a context passes its own transport's.
+    """
     if world_size == 1:
         return
     mine = torch.tensor([fingerprint(desc)], dtype=torch.int64, device=device)
-    everyone = [torch.empty_like(mine) for _ in range(world_size)]
-    dist.all_gather(everyone, mine)
+    if gather is None:
+        everyone = [torch.empty_like(mine) for _ in range(world_size)]
+        dist.all_gather(everyone, mine)
+    else:
+        everyone = gather(mine)
     if all(int(t) == int(mine) for t in everyone):
         return
     descs: list[Any] = [None] * world_size

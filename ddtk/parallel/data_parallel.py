@@ -202,14 +202,26 @@ class DataParallel(DistributedTrainer):
             b.pending, b.ready, b.future = len(b.params), set(), None
         torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
 
-    def _launch_ready_buckets(self) -> None:
-        """Submit buckets in index order, stopping at the first one still waiting for gradients."""
-        while (
-            self._next_launch < len(self.buckets) and self.buckets[self._next_launch].pending == 0
-        ):
+    def _launch_ready_buckets(self, inline: bool = False) -> None:
+        """Submit buckets in index order, stopping at the first one still waiting for gradients.
+
+        ``inline`` (end of backward, nothing left to overlap with): wait for the buckets
+        already on the communication thread, then reduce the rest on this thread, which
+        saves a hand-over per bucket. The order of the collectives stays the bucket order.
+        """
+        # The last bucket is ready when backward ends: handing it to the thread would
+        # only add a hand-over, so it waits for the inline pass.
+        last = len(self.buckets) if inline else len(self.buckets) - 1
+        while self._next_launch < last and self.buckets[self._next_launch].pending == 0:
             b = self.buckets[self._next_launch]
             flat = torch.cat([p.grad.reshape(-1) for p in b.params])
-            b.future = self._comm.submit(self._average, flat, b.index)
+            if inline:
+                for earlier in self.buckets[: self._next_launch]:
+                    earlier.future.result()  # type: ignore[union-attr]
+                b.future = Future()
+                b.future.set_result(self._average(flat, b.index))
+            else:
+                b.future = self._comm.submit(self._average, flat, b.index)
             self._next_launch += 1
 
     def _finish_backward(self) -> None:
@@ -226,8 +238,8 @@ class DataParallel(DistributedTrainer):
                             p.grad = torch.zeros_like(p)
                         b.ready.add(id(p))
                         b.pending -= 1
-            self._launch_ready_buckets()
             t0 = time.perf_counter()
+            self._launch_ready_buckets(inline=True)
             try:
                 for b in self.buckets:
                     self._write_back(b, b.future.result())  # type: ignore[union-attr]
@@ -241,7 +253,7 @@ class DataParallel(DistributedTrainer):
         self.stats["reductions"][index] += 1
         if self.compression is not None:
             return self.compression.aggregate(self.ctx, flat, key=index)
-        total = self.ctx.all_reduce(flat, algorithm=self.algorithm)
+        total = self.ctx.all_reduce(flat, algorithm=self.algorithm, out=flat)  # flat is ours
         return total.div_(self.ctx.world_size)
 
     @staticmethod

@@ -406,8 +406,6 @@ def main(argv: list[str] | None = None) -> int:
         "--trace-dir", default=None, help="profile a window of steps into DIR/rank<r>.json"
     )
     args = p.parse_args(argv)
-    if args.trace_dir:
-        Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
     if under_torchrun():
         out = torchrun_rank(args.job, args.trace_dir)
         step_ms = 1e3 * out["elapsed"] / job_config(args.job).timed_steps
