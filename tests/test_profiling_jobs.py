@@ -118,6 +118,22 @@ def test_hta_trace_diff_agrees_with_our_collective_counts(runs):
     assert row["Test_counts"] == first[a_comm.traces[0].path.parent]
 
 
+def test_hta_parses_ranks_in_this_process(runs, monkeypatch):
+    """No fork: forking a process that runs threads (kernel, Ray, pytest) can hang the child."""
+    pytest.importorskip("hta")
+    import hta.common.trace
+
+    from ddtk.profiling.hta import compare, load
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("HTA started a process pool")
+
+    monkeypatch.setattr(hta.common.trace.mp, "get_context", no_pool)
+    slow, _ = runs[("slow", 2)]
+    assert sorted(load(slow.trace_dir).t.traces) == [0, 1]
+    assert "gloo:all_reduce" in compare(slow.trace_dir, slow.trace_dir, n=None).index
+
+
 @pytest.mark.parametrize(
     ("changes", "match"),
     [

@@ -34,6 +34,30 @@ def _quiet():
         logger.setLevel(level)
 
 
+@contextlib.contextmanager
+def _parse_in_process():
+    """Make HTA parse the rank files one after another, in this process.
+
+    HTA parses several ranks in a pool of processes made with ``fork``. Forking a
+    process that runs other threads (a Jupyter kernel, a Ray driver, torch's thread
+    pools, a test runner) copies locks those threads hold, and a child can then block
+    forever: the parse, or the pool's shutdown, hangs. A course trace has a few
+    ranks of a few MB each, where parsing them in turn costs a second or two.
+    """
+    from hta.common.trace import Trace
+
+    parse = Trace.parse_multiple_ranks
+
+    def sequential(self, ranks, use_multiprocessing=True, use_memory_profiling=True):
+        return parse(self, ranks, False, use_memory_profiling)
+
+    Trace.parse_multiple_ranks = sequential
+    try:
+        yield
+    finally:
+        Trace.parse_multiple_ranks = parse
+
+
 def _import() -> Any:
     try:
         import hta  # noqa: F401
@@ -49,7 +73,7 @@ def load(trace_dir: str | Path) -> Any:
     _import()
     from hta.trace_analysis import TraceAnalysis
 
-    with _quiet():
+    with _quiet(), _parse_in_process():
         return TraceAnalysis(trace_dir=str(trace_dir))
 
 
@@ -63,7 +87,7 @@ def compare(before: str | Path, after: str | Path, rank: int = 0, n: int | None 
     _import()
     from hta.trace_diff import DeviceType, TraceDiff
 
-    with _quiet():
+    with _quiet(), _parse_in_process():
         df = TraceDiff.compare_traces(
             str(before), str(after), control_rank=rank, test_rank=rank, device_type=DeviceType.CPU
         )
