@@ -3,24 +3,35 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ddtk-installed
+BUILD_DEPS := $(VENV)/.ddtk-build-deps
 EXTRAS ?= ray,course,dev,horovod,deepspeed,tensorflow,profiling
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help lab test course horovod browser venv lint bench lock clean
+.PHONY: help lab test course horovod horovod-wheel browser venv lint bench lock clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml requirements.lock
+# What Horovod's build needs (torch, numpy, cmake, setuptools) goes in first, so that its
+# compile can run beside the install of everything else: that install finds them at the
+# locked versions and leaves them alone.
+$(BUILD_DEPS): requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements.lock torch numpy cmake packaging
+	@touch $@
+
+$(STAMP): pyproject.toml requirements.lock $(BUILD_DEPS)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[$(EXTRAS)]"
 	@touch $@
 
 venv: $(STAMP) ## create .venv and install ddtk with every extra, at the locked versions
 
-horovod: venv ## build Horovod 0.28.1 for this torch (cached wheel: seconds after the first time)
+horovod-wheel: $(BUILD_DEPS)
+	bash scripts/build_horovod.sh --wheel-only $(BIN)/python
+
+horovod: venv horovod-wheel ## build Horovod 0.28.1 for this torch (cached wheel: seconds after the first time)
 	bash scripts/build_horovod.sh $(BIN)/python
 
 browser: ## Debian's chromium for the quiz's browser test (apt-get as root; no browser downloads)
@@ -30,9 +41,10 @@ browser: ## Debian's chromium for the quiz's browser test (apt-get as root; no b
 lab: venv ## install everything and start JupyterLab on lecture 01 (root or not; URL printed)
 	$(BIN)/ddtk course lab
 
-test: venv ## run the whole test suite, notebooks and the browser test included
-	@# the Horovod build (CPU) and the chromium install (network, disk) overlap
-	@$(MAKE) --no-print-directory -j2 horovod browser
+test: ## run the whole test suite, notebooks and the browser test included
+	@# the Python install (network), the Horovod compile (CPU) and chromium (disk) overlap
+	@$(MAKE) --no-print-directory -j3 venv horovod-wheel browser
+	@$(MAKE) --no-print-directory horovod
 	@# bytecode for every rank, kernel and worker process to load (PYTHONDONTWRITEBYTECODE=1 stops imports writing it)
 	$(BIN)/python -m compileall -q -j 0 ddtk tests >/dev/null
 	DDTK_REQUIRE=horovod,browser $(BIN)/python -m pytest tests course --nbval-lax --durations=25 $(PYTEST_ARGS)
