@@ -55,7 +55,9 @@ def _traffic(ctx):
     out["big_ok"] = torch.equal(got, torch.arange(300_000, dtype=torch.float64) + left)
     out["small"] = [ctx.recv(left, tag=8).payload for _ in range(50)]
     x = torch.randn(100_003, generator=torch.Generator().manual_seed(ctx.rank))
-    out["sums"] = {a: ctx.all_reduce(x, algorithm=a) for a in ("ring", "tree", "recursive_doubling")}
+    out["sums"] = {
+        a: ctx.all_reduce(x, algorithm=a) for a in ("ring", "tree", "recursive_doubling")
+    }
     out["bf16"] = ctx.all_gather(torch.full((3,), ctx.rank, dtype=torch.bfloat16))
     return out
 
@@ -85,7 +87,9 @@ def _large(ctx):
     return {
         "direct": sorted(set(ctx._comm._direct_to.values())),
         "sum": ctx.all_reduce(x, algorithm="ring"),
-        "from_left": torch.equal(got, torch.randn(300_003, generator=torch.Generator().manual_seed(left)) * 2),
+        "from_left": torch.equal(
+            got, torch.randn(300_003, generator=torch.Generator().manual_seed(left)) * 2
+        ),
     }
 
 
@@ -94,7 +98,9 @@ def test_large_messages_are_read_from_the_sender_or_pass_through_the_ring(direct
     """One copy by process_vm_readv where the system allows it, two through the ring otherwise."""
     monkeypatch.setenv("DDTK_SHM_DIRECT", direct)
     results = ddtk.launch(_large, 3, timeout=120, transport="shm")
-    want = sum(torch.randn(300_003, generator=torch.Generator().manual_seed(r)).double() for r in range(3))
+    want = sum(
+        torch.randn(300_003, generator=torch.Generator().manual_seed(r)).double() for r in range(3)
+    )
     for out in results:
         assert out["direct"] == ([True] if direct == "on" else [False])
         assert out["from_left"]
@@ -203,7 +209,9 @@ _PARENT = textwrap.dedent(
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
-def test_no_segment_or_rank_is_left_when_the_launcher_dies_or_is_interrupted(sig, tmp_path, no_leftovers):
+def test_no_segment_or_rank_is_left_when_the_launcher_dies_or_is_interrupted(
+    sig, tmp_path, no_leftovers
+):
     script = tmp_path / "parent.py"
     script.write_text(_PARENT)
     # A fresh session, with SIGINT at its default: a Ctrl-C reaches Python as KeyboardInterrupt.
@@ -243,3 +251,33 @@ def _children(pid: int) -> list[int]:
 
 def _alive(pid: int) -> bool:
     return shm.pid_alive(pid)
+
+
+def test_bench_collectives_prints_every_target_ratio(tmp_path, capsys, no_leftovers):
+    """A tiny ``ddtk bench collectives`` run: both transports, the peer, the headline ratios."""
+    import json
+
+    from ddtk.cli import main
+
+    out = tmp_path / "c.json"
+    argv = ["bench", "collectives", "-n", "2", "--min-bytes", "4", "--max-bytes", "16",
+            "--algorithms", "ring,recursive_doubling", "--iters", "2", "--warmup", "1",
+            "--no-launch-overhead", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    for line in ("best shm latency / peer at the smallest size", "peer time / best shm time"):
+        assert line in text
+    result = json.loads(out.read_text())
+    labels = {(r["algorithm"], r.get("transport")) for r in result["rows"]}
+    assert {
+        ("ring", "shm"),
+        ("ring", "tcp"),
+        ("recursive_doubling", "shm"),
+        ("torch", None),
+    } <= labels
+    s = result["summary"]["2"]
+    rows = [r for r in result["rows"] if r["nbytes"] == 4]
+    peer = next(r["time_median_s"] for r in rows if r["algorithm"] == "torch")
+    best = min(r["time_median_s"] for r in rows if r.get("transport") == "shm")
+    assert s["shm_smallest_latency_vs_peer"] == pytest.approx(best / peer)
+    assert s["shm_best_vs_peer_min"] <= peer / best + 1e-12

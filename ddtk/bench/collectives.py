@@ -51,7 +51,10 @@ def _iters_for(nbytes: int, iters: int) -> int:
 
 
 SAMPLE_S = 2e-3
-"""A sample times back-to-back calls for at least this long (at most 20 calls)."""
+"""A sample times back-to-back calls for at least this long (at most :data:`MAX_CALLS` calls)."""
+
+MAX_CALLS = 1000
+"""Enough for 2 ms of the fastest row (memcpy of a few bytes, about 2 µs a call)."""
 
 
 def _calls_per_sample(seconds_per_call: float) -> int:
@@ -61,7 +64,7 @@ def _calls_per_sample(seconds_per_call: float) -> int:
     apart; a sample of 2 ms or more keeps that skew out of the median. Every rank
     gets the same number, because the warm-up time is already the slowest rank's.
     """
-    return max(1, min(20, math.ceil(SAMPLE_S / max(seconds_per_call, 1e-9))))
+    return max(1, min(MAX_CALLS, math.ceil(SAMPLE_S / max(seconds_per_call, 1e-9))))
 
 
 def label(row: dict) -> str:
@@ -92,6 +95,9 @@ def _rank_sweep(
             other = DistributedContext(ctx.rank, ctx.world_size, ctx.backend, ctx.device,
                                        validate=False, transport=t)  # fmt: skip
             contexts.setdefault(other.transport, other)
+    # Every sample starts at a barrier; shared memory's lets the ranks go within
+    # microseconds of each other, gloo's only within hundreds (the same for every row).
+    barrier = contexts["shm"].barrier if "shm" in contexts else None
     rows: list[dict] = []
     for nbytes in sizes:
         numel = max(1, nbytes // 4)
@@ -108,7 +114,7 @@ def _rank_sweep(
         calls = dict.fromkeys(contenders, 1)
         for i in range(warmup + _iters_for(nbytes, iters)):
             for name, fn in contenders.items():  # interleaved: all see the same conditions
-                t = timed_across_ranks(fn, calls[name])
+                t = timed_across_ranks(fn, calls[name], barrier)
                 if i < warmup:
                     calls[name] = _calls_per_sample(t)
                 else:
@@ -120,7 +126,12 @@ def _rank_sweep(
 
 
 def _contenders(
-    contexts: dict, ctx, x: torch.Tensor, algorithms: Sequence[str], peer: bool, memcpy: bool,
+    contexts: dict,
+    ctx,
+    x: torch.Tensor,
+    algorithms: Sequence[str],
+    peer: bool,
+    memcpy: bool,
     validated: bool,
 ) -> dict[tuple[str, str | None], Any]:
     """The operations timed for one message, by (row name, transport)."""

@@ -10,15 +10,19 @@ import torch
 import torch.distributed as dist
 
 
-def timed_across_ranks(fn: Callable[[], object], repeat: int = 1) -> float:
+def timed_across_ranks(
+    fn: Callable[[], object], repeat: int = 1, barrier: Callable[[], object] | None = None
+) -> float:
     """Run ``fn`` ``repeat`` times after a barrier; return the slowest rank's seconds per call.
 
     A collective is as slow as its slowest rank. The ranks leave the barrier up to a
-    few hundred microseconds apart, and that skew lands in the first call's time;
-    timing ``repeat`` back-to-back calls (as nccl-tests does) spreads it out, which
-    matters for messages that take microseconds.
+    few hundred microseconds apart (gloo's barrier wakes each rank through a socket),
+    and that skew lands in the first call's time; timing ``repeat`` back-to-back
+    calls (as nccl-tests does) spreads it out, which matters for messages that take
+    microseconds. ``barrier`` replaces ``torch.distributed.barrier`` by one whose
+    ranks leave closer together, such as a shared-memory one.
     """
-    dist.barrier()
+    (barrier or dist.barrier)()
     start = time.perf_counter()
     for _ in range(repeat):
         fn()

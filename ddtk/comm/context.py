@@ -281,7 +281,9 @@ class DistributedContext:
                 break
             self._pending.pop(0)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        lost = sorted({(dst, tag) for dst, tag, _ in self._pending} | set(self._comm.undelivered(left)))
+        lost = sorted(
+            {(dst, tag) for dst, tag, _ in self._pending} | set(self._comm.undelivered(left))
+        )
         if lost:
             what = ", ".join(f"to rank {d} with tag {t}" for d, t in lost)
             raise RuntimeError(
@@ -429,16 +431,16 @@ class DistributedContext:
     # -- helpers ---------------------------------------------------------------------
     def _collective(self, name: str, tensor: torch.Tensor | None, **fields: Any):
         """Validate agreement across ranks, then time the collective into stats."""
-        desc: dict[str, Any] = {
-            "collective": name,
-            **{k: (v.name if isinstance(v, ReduceOp) else v) for k, v in fields.items()},
-        }
-        if tensor is not None:
-            desc.update(dtype=str(tensor.dtype), shape=tuple(tensor.shape))
         label = f"{name}[{fields['algorithm']}]" if "algorithm" in fields else name
         self._comm.op = label  # names the operation in timeout errors
         self._comm.seq += 1
         if self.validate:
+            desc: dict[str, Any] = {
+                "collective": name,
+                **{k: (v.name if isinstance(v, ReduceOp) else v) for k, v in fields.items()},
+            }
+            if tensor is not None:
+                desc.update(dtype=str(tensor.dtype), shape=tuple(tensor.shape))
             with self._watched("argument check"):
                 _validation.check(desc, self.world_size, self.device, self._gather_fingerprints)
         return self.stats.timed(label)
@@ -542,7 +544,11 @@ def _make_transport(
     store = _default_store() if world_size > 1 and dist.is_initialized() else None
     reason = (
         shm.unsupported_reason()
-        or (f"it moves CPU tensors and this group runs on {device}" if device.type != "cpu" else None)
+        or (
+            f"it moves CPU tensors and this group runs on {device}"
+            if device.type != "cpu"
+            else None
+        )
         or (None if store is not None else "there is no initialised process group with a store")
     )
     if kind == "tcp" or world_size == 1 or (kind == "auto" and reason):

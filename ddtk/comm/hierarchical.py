@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from ddtk.comm import ring, tree
-from ddtk.comm.ops import ReduceOp, finish_
+from ddtk.comm.ops import ReduceOp, finish_, private_copy
 from ddtk.comm.transport import Transport
 
 
@@ -43,7 +43,7 @@ def all_reduce(
     groups = groups_of(ranks, group_size or default_group_size(len(ranks)))
     mine = next(g for g in groups if comm.rank in g)
     leaders = [g[0] for g in groups]
-    acc = tensor.detach().to(device=comm.device, copy=True).contiguous()
+    acc = private_copy(tensor, comm.device)
     # Every rank takes both tag blocks, leader or not, so tag counters stay in step across ranks.
     tag, ring_tag = comm.tag_block(), comm.tag_block()
     tree.reduce_(comm, mine, acc, op, 0, tag)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ddtk.comm.ops import ReduceOp, combine_, finish_
+from ddtk.comm.ops import ReduceOp, combine_, finish_, private_copy
 from ddtk.comm.transport import Transport
 
 
@@ -59,7 +59,7 @@ def all_reduce(
     comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, op: ReduceOp
 ) -> torch.Tensor:
     """Naive all-reduce: everyone sends to the first rank, which reduces and sends the result back."""
-    acc = tensor.detach().to(device=comm.device, copy=True).contiguous()
+    acc = private_copy(tensor, comm.device)
     root, tag = ranks[0], comm.tag_block()
     if comm.rank != root:
         comm.isend(acc, root, tag).wait()

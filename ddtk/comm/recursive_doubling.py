@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ddtk.comm.ops import ReduceOp, combine_, finish_
+from ddtk.comm.ops import ReduceOp, combine_, finish_, private_copy
 from ddtk.comm.transport import Transport
 
 
@@ -28,7 +28,7 @@ def all_reduce(
     """All-reduce ``tensor`` over ``ranks``; returns a new tensor of the same shape."""
     k = len(ranks)
     i = ranks.index(comm.rank)
-    acc = tensor.detach().to(device=comm.device, copy=True).contiguous()
+    acc = private_copy(tensor, comm.device)
     p = 1 << (k.bit_length() - 1)
     extra = k - p
     tag = comm.tag_block()

@@ -117,7 +117,7 @@ class _Ring:
 
 def _checked(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor itself, if the shared-memory transport can move its bytes."""
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:  # not ``device.type``: that builds a device object per message
         raise ValueError(f"the shared-memory transport moves CPU tensors, got {tensor.device}")
     if not tensor.is_contiguous():
         raise ValueError("the shared-memory transport sends and receives contiguous tensors only")
@@ -194,9 +194,7 @@ class ShmTransport(Transport):
         me = local_ranks.index(rank)
         self._me = me
         layout = segment.layout
-        self._out = {
-            r: _Ring(segment, me, j, j) for j, r in enumerate(local_ranks) if r != rank
-        }
+        self._out = {r: _Ring(segment, me, j, j) for j, r in enumerate(local_ranks) if r != rank}
         self._in = {r: _Ring(segment, j, me, j) for j, r in enumerate(local_ranks) if r != rank}
         self._ins = list(self._in.items())
         self._busy: list[_Ring] = []  # sender ends with queued sends
@@ -206,7 +204,9 @@ class ShmTransport(Transport):
         self._unexpected: dict[tuple[int, int], deque[_Op]] = {}
         self._db = [layout.slot(j) // 4 for j in range(len(local_ranks))]  # doorbell int32 index
         self._sleep = [i + 1 for i in self._db]
-        self._pids = [segment.q[layout.slot(j) // 8 + shm._SLOT_PID] for j in range(len(local_ranks))]
+        self._pids = [
+            segment.q[layout.slot(j) // 8 + shm._SLOT_PID] for j in range(len(local_ranks))
+        ]
         self._my_db_addr = segment.address(layout.slot(me))
         self._yield = len(local_ranks) > (os.cpu_count() or 1)
         self._waiting_ack: list[_Ring] = []  # sender ends with direct sends not yet acked
@@ -227,7 +227,8 @@ class ShmTransport(Transport):
             return self._remote(super().isend(tensor, dst, tag))
         ring = self._out[dst]
         small = not ring.queue and tag >= USER_TAG_LIMIT and tensor.nbytes < DIRECT_MIN
-        if small and self._write_now(ring, tag, _checked(tensor)):  # the common case: no bookkeeping
+        # The common case, a small message to an idle ring: written at once, no bookkeeping.
+        if small and self._write_now(ring, tag, _checked(tensor)):
             self.stats.record_send(tensor.nbytes)
             return _DONE
         op = _Op(dst, tag, _checked(tensor))
@@ -389,8 +390,13 @@ class ShmTransport(Transport):
         try:
             shm.read_peer(self._pids[ring.local], op.addr, remote, op.nbytes)
         except OSError as exc:
-            raise self.failure(self.op, self.seq, [src], RuntimeError(
-                f"rank {src} could not be read ({exc}); it has probably exited"), self.phase) from exc
+            raise self.failure(
+                self.op,
+                self.seq,
+                [src],
+                RuntimeError(f"rank {src} could not be read ({exc}); it has probably exited"),
+                self.phase,
+            ) from exc
         op.pos, op.done = op.nbytes, True
         ring.current = None
         ring.acked += 1
@@ -672,7 +678,9 @@ def _can_read_peers(seg: shm.Segment, me: int) -> bool:
             continue
         pid = seg.q[layout.slot(j) // 8 + shm._SLOT_PID]
         try:
-            shm.read_peer(pid, ctypes.addressof(got), seg.q[layout.slot(j) // 8 + shm._SLOT_PROBE], 8)
+            shm.read_peer(
+                pid, ctypes.addressof(got), seg.q[layout.slot(j) // 8 + shm._SLOT_PROBE], 8
+            )
         except OSError:
             return False
         if got.value != pid:

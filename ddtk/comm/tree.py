@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ddtk.comm.ops import ReduceOp, combine_, finish_
+from ddtk.comm.ops import ReduceOp, combine_, finish_, private_copy
 from ddtk.comm.transport import Transport
 
 
@@ -68,7 +68,7 @@ def reduce(
     comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, op: ReduceOp, root: int
 ) -> torch.Tensor | None:
     """Tree reduce to ``ranks[root]``: a new tensor on the root, None elsewhere."""
-    acc = tensor.detach().to(device=comm.device, copy=True).contiguous()
+    acc = private_copy(tensor, comm.device)
     if reduce_(comm, ranks, acc, op, root, comm.tag_block()):
         return finish_(acc, op, len(ranks))
     return None
@@ -78,7 +78,7 @@ def all_reduce(
     comm: Transport, ranks: Sequence[int], tensor: torch.Tensor, op: ReduceOp
 ) -> torch.Tensor:
     """Tree all-reduce: binomial reduce to the first rank, then binomial broadcast."""
-    acc = tensor.detach().to(device=comm.device, copy=True).contiguous()
+    acc = private_copy(tensor, comm.device)
     tag = comm.tag_block()
     reduce_(comm, ranks, acc, op, 0, tag)
     broadcast_(comm, ranks, acc, 0, tag + 1)
