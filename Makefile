@@ -8,7 +8,7 @@ EXTRAS ?= ray,course,dev,horovod,deepspeed,tensorflow,profiling
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help lab test course horovod horovod-wheel browser venv lint bench lock clean
+.PHONY: help lab test course horovod horovod-wheel debs browser venv lint bench lock clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -34,20 +34,24 @@ horovod-wheel: $(BUILD_DEPS)
 horovod: venv horovod-wheel ## build Horovod 0.28.1 for this torch (cached wheel: seconds after the first time)
 	bash scripts/build_horovod.sh $(BIN)/python
 
-browser: ## Debian's chromium for the quiz's browser test (apt-get as root; no browser downloads)
-	@test -x /usr/bin/chromium || { test "$$(id -u)" = 0 && apt-get install -y -q chromium >/dev/null; } \
-		|| echo "chromium missing and not root: run 'sudo apt-get install chromium' (the browser test is skipped)"
+DEBS := chromium shellcheck
+debs: ## Debian packages the tests use: chromium (the quiz's browser test), shellcheck (deploy/ scripts); apt-get as root
+	@missing=$$(for p in $(DEBS); do command -v $$p >/dev/null || echo $$p; done); \
+	test -z "$$missing" || { test "$$(id -u)" = 0 && apt-get install -y -q $$missing >/dev/null; } \
+		|| echo "missing and not root: run 'sudo apt-get install $$missing' (their tests are skipped)"
+
+browser: debs
 
 lab: venv ## install everything and start JupyterLab on lecture 01 (root or not; URL printed)
 	$(BIN)/ddtk course lab
 
 test: ## run the whole test suite, notebooks and the browser test included
-	@# the Python install (network), the Horovod compile (CPU) and chromium (disk) overlap
-	@$(MAKE) --no-print-directory -j3 venv horovod-wheel browser
+	@# the Python install (network), the Horovod compile (CPU) and the Debian packages (disk) overlap
+	@$(MAKE) --no-print-directory -j3 venv horovod-wheel debs
 	@$(MAKE) --no-print-directory horovod
 	@# bytecode for every rank, kernel and worker process to load (PYTHONDONTWRITEBYTECODE=1 stops imports writing it)
 	$(BIN)/python -m compileall -q -j 0 ddtk tests >/dev/null
-	DDTK_REQUIRE=horovod,browser $(BIN)/python -m pytest tests course --nbval-lax --durations=25 $(PYTEST_ARGS)
+	DDTK_REQUIRE=horovod,browser,shellcheck $(BIN)/python -m pytest tests course --nbval-lax --durations=25 $(PYTEST_ARGS)
 
 course: venv ## execute every notebook headless into build/executed/
 	$(BIN)/ddtk course run
