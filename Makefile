@@ -13,9 +13,9 @@ PYTEST_ARGS ?=
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
-# What Horovod's build needs (torch, numpy, cmake, setuptools) goes in first, so that its
-# compile can run beside the install of everything else: that install finds them at the
-# locked versions and leaves them alone.
+# What Horovod's build needs (torch with its setuptools, numpy, cmake) goes in first, so
+# that its compile (horovod-wheel) can run beside the install of everything else: that
+# install finds them at the locked versions and leaves them alone.
 $(BUILD_DEPS): requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -28,10 +28,11 @@ $(STAMP): pyproject.toml requirements.lock $(BUILD_DEPS)
 
 venv: $(STAMP) ## create .venv and install ddtk with every extra, at the locked versions
 
+# Only the cached wheel: `make test` runs it beside the install; `make horovod` builds it too if missing.
 horovod-wheel: $(BUILD_DEPS)
 	bash scripts/build_horovod.sh --wheel-only $(BIN)/python
 
-horovod: venv horovod-wheel ## build Horovod 0.28.1 for this torch (cached wheel: seconds after the first time)
+horovod: venv ## build Horovod 0.28.1 for this torch (cached wheel: seconds after the first time)
 	bash scripts/build_horovod.sh $(BIN)/python
 
 DEBS := chromium shellcheck

@@ -37,7 +37,7 @@ VARIANTS = ("ddp", "ddtk", "ddtk-no-overlap")
 TARGET_VS_DDP = 1.5
 """DataParallel over shared memory against DDP on gloo, 2 ranks: throughput ratio to reach."""
 TARGET_EFFICIENCY = 0.85
-"""... and weak-scaling efficiency (throughput at 2 ranks over twice 1 rank's)."""
+"""The same run's weak-scaling efficiency to reach: throughput at 2 ranks over twice 1 rank's."""
 
 
 def _contenders(
