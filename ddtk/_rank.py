@@ -74,7 +74,7 @@ def _run(job: dict, writer: RecordWriter) -> Any:
     try:
         ctx = DistributedContext.from_env(
             job["backend"], validate=job["validate"], timeout=job["timeout"],
-            transport=job["transport"],
+            transport=job["transport"], network=job.get("network"),
         )  # fmt: skip
         ctx.reporter = writer.report
         result = job["fn"](ctx, *job["args"], **job["kwargs"])
@@ -114,6 +114,10 @@ def _td(seconds: float):
 def main() -> None:
     result_fd = int(sys.argv[1])
     _die_with_parent(int(sys.argv[2]))
+    if os.environ.get("DDTK_NETNS"):  # a ShapedNetwork: join this rank's namespace before any socket
+        from ddtk.net.shaping import join_namespace
+
+        join_namespace(os.environ["DDTK_NETNS"])
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
     import cloudpickle
 

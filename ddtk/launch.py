@@ -292,6 +292,7 @@ def launch(
     on_report: Callable[[int, Any], None] | None = None,
     op_timeout: float | None = None,
     transport: str = "auto",
+    network: Any = None,
 ) -> list[Any]:
     """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` local ranks; return the per-rank results.
 
@@ -317,6 +318,12 @@ def launch(
             (gloo's sockets) or ``"auto"`` (shared memory wherever the machine allows it,
             see :func:`ddtk.comm.context.check_transport`). ``torch.distributed``'s own
             collectives, and DDP, use the backend whatever this says.
+        network: the network between the ranks, if not this machine's own.
+            :class:`ddtk.net.emulate.EmulatedNetwork` gives every pair of ranks a bandwidth
+            and a latency inside ddtk's transport (portable; ddtk's collectives only);
+            :class:`ddtk.net.shaping.ShapedNetwork` starts each rank in its own network
+            namespace behind a rate-limited virtual link (root only; every socket,
+            gloo's own collectives included).
 
     Raises:
         RankError: a rank raised or died; carries its rank number and traceback.
@@ -338,8 +345,9 @@ def launch(
             f"op_timeout must be a number of seconds >= 0 (0: off) or None, got {op_timeout!r}"
         )
     limit = 10 * 365 * 86400.0 if timeout is None else float(timeout)
+    host, transport, rank_envs = _network_settings(network, world_size, transport)
     store = dist.TCPStore(
-        "127.0.0.1",
+        host,
         0,
         world_size + 1,
         is_master=True,
@@ -348,14 +356,15 @@ def launch(
     )
     job = {
         "fn": fn, "args": tuple(args), "kwargs": dict(kwargs or {}), "world_size": world_size,
-        "backend": backend, "host": "127.0.0.1", "port": store.port, "timeout": limit,
-        "threads": threads, "validate": validate, "transport": transport,
+        "backend": backend, "host": host, "port": store.port, "timeout": limit,
+        "threads": threads, "validate": validate, "transport": transport, "network": network,
     }  # fmt: skip
     ranks: list[_Rank] = []
     sel = selectors.DefaultSelector()
     try:
         for rank in range(world_size):
             env = _child_env(rank, world_size, store.port, threads)
+            env.update(rank_envs[rank])
             if op_timeout is not None:
                 env["DDTK_OP_TIMEOUT"] = str(float(op_timeout)) if op_timeout else "off"
             r = _spawn(rank, job, env, echo)
@@ -371,6 +380,20 @@ def launch(
             for t in r.threads:
                 t.join(timeout=2.0)
         del store
+
+
+def _network_settings(
+    network: Any, world_size: int, transport: str
+) -> tuple[str, str, list[dict[str, str]]]:
+    """Where the store listens, the transport, and each rank's extra environment, for ``network``."""
+    if network is None:
+        return "127.0.0.1", transport, [{} for _ in range(world_size)]
+    if not hasattr(network, "prepare"):
+        raise TypeError(
+            "network must be a ddtk.net.emulate.EmulatedNetwork or a ddtk.net.shaping.ShapedNetwork, "
+            f"got {type(network).__name__}"
+        )
+    return network.prepare(world_size, transport)
 
 
 def _sweep_segments(ranks: Sequence[_Rank]) -> None:

@@ -93,7 +93,7 @@ def _rank_sweep(
     for t in transports:  # one more context per further transport, in the same processes
         if t not in contexts:
             other = DistributedContext(ctx.rank, ctx.world_size, ctx.backend, ctx.device,
-                                       validate=False, transport=t)  # fmt: skip
+                                       validate=False, transport=t, network=ctx.network)  # fmt: skip
             contexts.setdefault(other.transport, other)
     # Every sample starts at a barrier; shared memory's lets the ranks go within
     # microseconds of each other, gloo's only within hundreds (the same for every row).
@@ -185,13 +185,16 @@ def sweep(
     backend: str = "auto",
     timeout: float = 1800.0,
     transports: Sequence[str] = ("shm", "tcp"),
+    network: Any = None,
 ) -> list[dict]:
     """Measure all-reduce on ``world_size`` fresh local ranks; one dict per (algorithm, transport, size).
 
     ``validate`` turns argument validation on for the ddtk rows (off by default,
     as in a benchmark); ``validated_row`` adds a ``"ring+validate"`` row (first
     transport) that shows what validation costs. ``transports`` lists ddtk's
-    transports to time (the first one that can run is the launch's own).
+    transports to time (the first one that can run is the launch's own). ``network``
+    (a :class:`ddtk.net.emulate.EmulatedNetwork`) puts emulated links under every ddtk
+    transport; the peer's own collective does not go through them.
     """
     import ddtk
 
@@ -199,6 +202,7 @@ def sweep(
         _rank_sweep, world_size,
         args=(list(sizes), list(algorithms), iters, warmup, peer, memcpy, validated_row, list(transports)),
         backend=backend, timeout=timeout, validate=validate, transport=transports[0],
+        network=network,
     )  # fmt: skip
     return results[0]
 

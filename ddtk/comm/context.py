@@ -145,6 +145,7 @@ class DistributedContext:
         validate: bool = True,
         op_timeout: float | None = None,
         transport: str | None = None,
+        network: Any = None,
     ):
         transport = check_transport(transport)
         if op_timeout is None:
@@ -168,6 +169,9 @@ class DistributedContext:
             transport, rank, world_size, self.device, self.stats, self.op_timeout
         )
         self.transport = self._comm.name
+        self.network = network  # an emulated network's links sit in front of the transport
+        if network is not None and hasattr(network, "wrap"):
+            self._comm = network.wrap(self._comm, rank)
         if self.op_timeout is not None and dist.is_initialized():
             _set_group_timeout(self.op_timeout)  # torch's own collectives (argument check, "torch")
         self._all = list(range(world_size))
@@ -194,6 +198,7 @@ class DistributedContext:
         timeout: float = 1800.0,
         op_timeout: float | None = None,
         transport: str | None = None,
+        network: Any = None,
     ) -> DistributedContext:
         """Wrap the process group that a launcher set up, initialising it if needed.
 
@@ -203,6 +208,8 @@ class DistributedContext:
         by the batch script) and under :func:`ddtk.launch`. ``op_timeout`` defaults to
         ``DDTK_OP_TIMEOUT``, else 300 s; 0 turns it off (see the module docstring).
         ``transport`` (default ``DDTK_TRANSPORT``, else ``"auto"``): see :func:`check_transport`.
+        ``network``: an :class:`ddtk.net.emulate.EmulatedNetwork` whose links delay every
+        message of this context (all ranks must pass the same one).
         """
         local_size = _env_int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE") or 1
         local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID") or 0
@@ -226,8 +233,9 @@ class DistributedContext:
             else torch.device("cpu")
         )
         return cls(
-            dist.get_rank(), dist.get_world_size(), backend, device, validate, op_timeout, transport
-        )
+            dist.get_rank(), dist.get_world_size(), backend, device, validate, op_timeout,
+            transport, network,
+        )  # fmt: skip
 
     @property
     def is_master(self) -> bool:
