@@ -35,10 +35,10 @@ horovod-wheel: $(BUILD_DEPS)
 horovod: venv ## build Horovod 0.28.1 for this torch (cached wheel: seconds after the first time)
 	bash scripts/build_horovod.sh $(BIN)/python
 
-DEBS := chromium shellcheck
-debs: ## Debian packages the tests use: chromium (the quiz's browser test), shellcheck (deploy/ scripts); apt-get as root
+DEBS := chromium shellcheck iperf3
+debs: ## Debian packages the tests use: chromium (the quiz's browser test), shellcheck (deploy/ scripts), iperf3 (lecture 04); apt-get as root
 	@missing=$$(for p in $(DEBS); do command -v $$p >/dev/null || echo $$p; done); \
-	test -z "$$missing" || { test "$$(id -u)" = 0 && apt-get install -y -q $$missing >/dev/null; } \
+	test -z "$$missing" || { test "$$(id -u)" = 0 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; } \
 		|| echo "missing and not root: run 'sudo apt-get install $$missing' (their tests are skipped)"
 
 browser: debs
@@ -52,7 +52,7 @@ test: ## run the whole test suite, notebooks and the browser test included
 	@$(MAKE) --no-print-directory horovod
 	@# bytecode for every rank, kernel and worker process to load (PYTHONDONTWRITEBYTECODE=1 stops imports writing it)
 	$(BIN)/python -m compileall -q -j 0 ddtk tests >/dev/null
-	DDTK_REQUIRE=horovod,browser,shellcheck $(BIN)/python -m pytest tests course --nbval-lax --durations=25 $(PYTEST_ARGS)
+	DDTK_REQUIRE=horovod,browser,shellcheck,netns,iperf3 $(BIN)/python -m pytest tests course --nbval-lax --durations=25 $(PYTEST_ARGS)
 
 course: venv ## execute every notebook headless into build/executed/
 	$(BIN)/ddtk course run
@@ -73,6 +73,7 @@ bench: venv ## every benchmark, each against its peer or formula (JSON + PNG in 
 	$(BIN)/ddtk bench checkpoint --json build/bench/checkpoint.json --plot build/bench/checkpoint.png
 	$(BIN)/ddtk bench frameworks --json build/bench/frameworks.json --plot build/bench/frameworks.png
 	$(BIN)/ddtk bench profiler --json build/bench/profiler.json --plot build/bench/profiler.png
+	$(BIN)/ddtk bench network --json build/bench/network.json --plot build/bench/network.png
 
 lock: venv ## rewrite requirements.lock and environment.yml from .venv
 	$(BIN)/python scripts/lock.py

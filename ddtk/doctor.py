@@ -295,6 +295,35 @@ def probe_transport() -> Facts:
             "shm_unavailable": reason, "shm_free_bytes": free, "error": None}  # fmt: skip
 
 
+RDMA_SYSFS = Path("/sys/class/infiniband")
+
+
+def probe_network() -> Facts:
+    """What this machine has for lecture 04: RDMA ports, ``iperf3``, and kernel shaping.
+
+    ``rdma`` lists the ports under ``/sys/class/infiniband`` (device, port, state,
+    rate, link layer: what ``ibstat`` prints); an empty list means NCCL would fall back
+    to sockets between nodes. ``shaping_unavailable`` says why
+    :class:`ddtk.net.shaping.ShapedNetwork` cannot run here (None when it can).
+    """
+    from ddtk.net.shaping import unavailable_reason
+
+    ports = []
+    root = RDMA_SYSFS
+    for port in sorted(root.glob("*/ports/*")) if root.is_dir() else []:
+        def read(name: str, port: Path = port) -> str | None:
+            f = port / name
+            return f.read_text().strip() if f.is_file() else None
+
+        ports.append({"device": port.parent.parent.name, "port": port.name, "state": read("state"),
+                      "rate": read("rate"), "link_layer": read("link_layer")})  # fmt: skip
+    return {"rdma": ports, "iperf3": shutil.which("iperf3"),
+            "shaping_unavailable": unavailable_reason(), "error": None}  # fmt: skip
+
+
+NETWORK_MISSING: Facts = {"rdma": [], "iperf3": None, "shaping_unavailable": "not probed"}
+
+
 TRANSPORT_MISSING: Facts = {
     "setting": None, "setting_error": None, "in_force": "tcp", "shm_unavailable": "not probed",
     "shm_free_bytes": None,
@@ -355,6 +384,7 @@ def collect() -> Facts:
         ),
         "faults": _safe(probe_faults, FAULTS_MISSING),
         "transport": _safe(probe_transport, TRANSPORT_MISSING),
+        "network": _safe(probe_network, NETWORK_MISSING),
     }
 
 
@@ -653,6 +683,18 @@ def _machine_table(facts: Facts) -> Any:
     free = f", /dev/shm {_gib(t['shm_free_bytes'])} free" if t.get("shm_free_bytes") else ""
     table.add_row(
         "ddtk transport", f"{t.get('in_force')} (DDTK_TRANSPORT={t.get('setting')}){free}{why}"
+    )
+    net = facts.get("network") or NETWORK_MISSING
+    ports = ", ".join(
+        f"{p['device']}:{p['port']} {p.get('state')} {p.get('rate')} {p.get('link_layer')}"
+        for p in net.get("rdma") or []
+    )
+    table.add_row("RDMA ports", ports or "none (NCCL would use sockets between nodes)")
+    shaping = net.get("shaping_unavailable")
+    table.add_row(
+        "network tools",
+        f"iperf3: {net.get('iperf3') or 'not found'}; kernel shaping: "
+        + ("yes (namespaces + tbf)" if not shaping else f"no ({shaping})"),
     )
     return table
 

@@ -509,3 +509,21 @@ def test_transport_in_force_is_reported_with_why_shared_memory_is_not(monkeypatc
     small = with_changes(transport={"shm_free_bytes": 64 << 20})
     (item,) = [h for h in doctor.hints(small) if h["topic"] == "transport"]
     assert "/dev/shm has 64 MiB free" in item["hint"]
+
+
+def test_network_facts_list_rdma_ports_like_ibstat_and_the_local_tools(monkeypatch, tmp_path) -> None:
+    port = tmp_path / "mlx5_0" / "ports" / "1"
+    port.mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "rate").write_text("200 Gb/sec (4X HDR)\n")
+    (port / "link_layer").write_text("InfiniBand\n")
+    monkeypatch.setattr(doctor, "RDMA_SYSFS", tmp_path)
+    facts = doctor.probe_network()
+    assert facts["rdma"] == [{"device": "mlx5_0", "port": "1", "state": "4: ACTIVE",
+                              "rate": "200 Gb/sec (4X HDR)", "link_layer": "InfiniBand"}]  # fmt: skip
+    monkeypatch.setattr(doctor, "RDMA_SYSFS", tmp_path / "absent")
+    assert doctor.probe_network()["rdma"] == []
+    proc = run_cli()
+    assert "RDMA ports" in proc.stdout and "kernel shaping" in proc.stdout
+    report = json.loads(run_cli("--json").stdout)
+    assert set(report["facts"]["network"]) >= {"rdma", "iperf3", "shaping_unavailable"}

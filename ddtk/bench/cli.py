@@ -68,6 +68,7 @@ def bench_parser() -> argparse.ArgumentParser:
         dp,
         frameworks,
         memory,
+        network,
         pipeline,
         precision,
         profiler,
@@ -76,7 +77,7 @@ def bench_parser() -> argparse.ArgumentParser:
     )
 
     for module in (dp, compression, tp, pipeline, zero, precision, memory, checkpoint, frameworks,
-                   profiler):  # fmt: skip
+                   profiler, network):  # fmt: skip
         module.register(sub)
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
     return bench
