@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddtk.comm import all_to_all as _all_to_all
 from ddtk.comm import barrier as _barrier
 from ddtk.comm import hierarchical, naive, recursive_doubling, reference, ring, tree
 from ddtk.comm import validation as _validation
@@ -351,6 +352,17 @@ class DistributedContext:
         with self._collective("all_gather", tensor):
             return ring.all_gather(self._comm, self._all, tensor)
 
+    def all_to_all(self, chunks: Sequence[torch.Tensor] | torch.Tensor) -> list[torch.Tensor]:
+        """Send ``chunks[j]`` to rank ``j``; return the chunk every rank sent here, in rank order.
+
+        ``chunks`` is a list of ``world_size`` tensors (shapes and dtypes may differ, as
+        tokens per expert do in a mixture-of-experts layer) or one tensor, split along
+        dim 0 like ``torch.tensor_split``. See :mod:`ddtk.comm.all_to_all`.
+        """
+        parts = self._split_chunks(chunks, "all_to_all")
+        with self._collective("all_to_all", None):
+            return _all_to_all.all_to_all(self._comm, self._all, parts)
+
     def reduce(
         self, tensor: torch.Tensor, root: int = 0, op: ReduceOp | str = ReduceOp.SUM
     ) -> torch.Tensor | None:
@@ -510,19 +522,26 @@ class DistributedContext:
     def _scatter_chunks(
         self, chunks: Sequence[torch.Tensor] | torch.Tensor | None
     ) -> list[torch.Tensor]:
+        return self._split_chunks(chunks, "scatter on the root")
+
+    def _split_chunks(
+        self, chunks: Sequence[torch.Tensor] | torch.Tensor | None, what: str
+    ) -> list[torch.Tensor]:
+        """``world_size`` tensors, from a list of them or one tensor split along dim 0."""
+        name = what.split()[0]
         if isinstance(chunks, torch.Tensor):
             if chunks.dim() == 0:
                 raise ValueError(
-                    "scatter cannot split a 0-d tensor; pass a list of world_size tensors"
+                    f"{name} cannot split a 0-d tensor; pass a list of world_size tensors"
                 )
             return list(torch.tensor_split(chunks, self.world_size))
-        if chunks is None or len(chunks) != self.world_size:
+        if chunks is None or isinstance(chunks, (str, bytes)) or len(chunks) != self.world_size:
             got = "None" if chunks is None else f"{len(chunks)} chunks"
             raise ValueError(
-                f"scatter on the root needs {self.world_size} chunks (one per rank) or a tensor to split, got {got}"
+                f"{what} needs {self.world_size} chunks (one per rank) or a tensor to split, got {got}"
             )
         for c in chunks:
-            self._check_tensor(c, "scatter")
+            self._check_tensor(c, name)
         return list(chunks)
 
 

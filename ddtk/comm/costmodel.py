@@ -46,6 +46,7 @@ _BUS_FACTORS = {
     "reduce_scatter": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
     "reduce": lambda n: 1.0,
+    "all_to_all": lambda n: (n - 1) / n,
 }
 
 
