@@ -248,6 +248,7 @@ def healthy_cpu_facts() -> dict[str, Any]:
             "shm_free_bytes": 4 * 2**30,
             "error": None,
         },
+        "network": {"rdma": [], "iperf3": "/usr/bin/iperf3", "shaping_unavailable": None, "error": None},
     }
 
 

@@ -10,16 +10,15 @@ scheduling noise of 2 shared cores).
 
 from __future__ import annotations
 
-import statistics
 import time
 
-import numpy as np
 import pytest
 import torch
 from test_collectives import assert_same, build_cases, expected
 
 import ddtk
 from ddtk.net.emulate import EmulatedNetwork, LinkSpec, TokenBucket
+from ddtk.net.measure import fit_link, link_times
 from ddtk.net.probe import diagnose, find_slow_links, probe_links, round_robin
 from ddtk.net.units import parse_rate, parse_time
 
@@ -103,41 +102,6 @@ def test_round_robin_pairs_every_rank_once_per_round_and_every_pair_once():
 
 
 # -- on real ranks -----------------------------------------------------------------------
-def _one_way_times(ctx, sizes: list[int], reps: int) -> dict[int, float]:
-    """Fastest one-way time per size from ping-pongs on the raw transport (rank 0 <-> 1).
-
-    The fastest, not the median: the emulation never delivers early (the lower bound is
-    checked), and another process on the two cores only ever adds time.
-    """
-    comm, out = ctx._comm, {}
-    peer = 1 - ctx.rank
-    for nbytes in sizes:
-        x = torch.zeros(nbytes // 4)
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            if ctx.rank == 0:
-                comm.isend(x, peer, _TAG).wait()
-                comm.irecv(x, peer, _TAG).wait()
-            else:
-                comm.irecv(x, peer, _TAG).wait()
-                comm.isend(x, peer, _TAG).wait()
-            times.append((time.perf_counter() - start) / 2)
-        out[nbytes] = min(times)
-    return out
-
-
-def _fit(times: dict[int, float]) -> tuple[float, float]:
-    """(latency s, bandwidth B/s) of t = a + m / b, least squares weighted to relative error."""
-    m = np.array(list(times), dtype=float)
-    t = np.array(list(times.values()))
-    w = 1 / t
-    (a, inv_b), *_ = np.linalg.lstsq(
-        np.stack([np.ones_like(m), m], 1) * w[:, None], t * w, rcond=None
-    )
-    return float(a), float(1 / inv_b)
-
-
 @pytest.mark.parametrize(
     ("transport", "bandwidth", "latency"),
     [("shm", "100MB/s", "1ms"), ("shm", "1GB/s", "200us"), ("tcp", "200MB/s", "1ms")],
@@ -145,8 +109,8 @@ def _fit(times: dict[int, float]) -> tuple[float, float]:
 def test_emulated_links_have_the_bandwidth_and_latency_asked_for(transport, bandwidth, latency):
     net = EmulatedNetwork(bandwidth, latency)
     sizes = [4, 64 << 10, 512 << 10, 1 << 20, 2 << 20]
-    times = ddtk.launch(_one_way_times, 2, args=(sizes, 7), network=net, transport=transport)[0]
-    got_latency, got_bandwidth = _fit(times)
+    times = ddtk.launch(link_times, 2, args=(sizes, 7), network=net, transport=transport)[0]
+    got_latency, got_bandwidth = fit_link(times)
     link = net.default
     assert abs(got_bandwidth / link.bandwidth - 1) <= BANDWIDTH_TOLERANCE, (got_bandwidth, times)
     assert link.latency <= got_latency <= link.latency + LATENCY_SLACK_S, (got_latency, times)
@@ -185,6 +149,14 @@ def test_links_to_different_peers_run_in_parallel_and_one_link_queues():
     one = (2 << 20) / 100e6  # 21 ms
     assert one * 0.95 <= out["two_peers"] <= one * 1.3, out  # two links at once: one message's time
     assert 2 * one * 0.95 <= out["one_peer_twice"] <= 2 * one * 1.3, out  # one link: they queue
+
+
+def test_a_nic_makes_sends_to_different_peers_share_its_rate():
+    net = EmulatedNetwork("100MB/s", "0us", nic="100MB/s")
+    out = ddtk.launch(_fan_out, 3, args=(2 << 20,), network=net)[0]
+    one = (2 << 20) / 100e6
+    assert 2 * one * 0.95 <= out["two_peers"] <= 2 * one * 1.3, out  # one NIC: they queue
+    assert "NIC 100 MB/s per rank" in str(net)
 
 
 def _cases_and_stats(ctx, cases):

@@ -80,3 +80,23 @@ def test_lecture_02_attaches_to_a_running_cluster(tmp_path) -> None:
     assert "6 tasks asking for ddtk_node2: 0.25 ran on ['node 2']" in text
     assert "Ray processes this notebook had started: none (attached)" in text
     print(f"\nlecture 02 attached to a 2-node cluster: {result.seconds:.0f} s")
+
+
+def test_lecture_04_has_the_shape_of_a_lecture() -> None:
+    """COURSE.md's shape: objectives by id, the overview's topics, the closing sections, 4,500+ words."""
+    import re
+
+    cells = json.loads(catalog.find("04").file.read_text())["cells"]
+    markdown = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+    first = markdown[0]
+    assert first.startswith("# Lecture 4") and "**After this lecture you can**" in first
+    assert {"3.3", "5.1", "5.2", "5.3", "5.4", "1.2"} <= set(re.findall(r"\d\.\d", first))
+    headings = [line for text in markdown for line in text.splitlines() if line.startswith("## ")]
+    for topic in ("NCCL communication primitives", "InfiniBand and RDMA", "Network topology optimisation",
+                  "Multi-GPU communication patterns", "Troubleshooting network bottlenecks",
+                  "On a real cluster", "Summary", "Self-check", "Further reading"):  # fmt: skip
+        assert any(topic in h for h in headings), topic
+    prose = re.sub(r"```.*?```", "", "\n".join(markdown), flags=re.S)
+    words = len(re.findall(r"[A-Za-z][\w'-]*", prose))
+    assert words >= 4500, words
+    assert "<details>" in markdown[-2] or any("<details>" in m for m in markdown[-3:])

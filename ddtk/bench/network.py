@@ -5,8 +5,9 @@ Four tables, each a model next to what was measured:
 1. **Published**: the topology model (:mod:`ddtk.net.predict`) against nccl-tests
    results of real clusters (:mod:`ddtk.net.published`), with the error of each.
 2. **Loopback**: the same model reduced to this machine (each rank behind a loopback
-   link whose latency and bandwidth are measured: gloo's point-to-point, and
-   ``iperf3`` when installed) against gloo's own all-reduce, in the same run.
+   link whose latency and bandwidth are gloo's measured point-to-point exchange)
+   against ddtk's ring over that point-to-point and gloo's own all-reduce, in the
+   same run; ``iperf3`` (when installed) gives loopback's raw TCP ceiling.
 3. **Emulation**: links of :class:`ddtk.net.emulate.EmulatedNetwork` measured by
    ping-pong and fitted, against the bandwidth and latency asked for.
 4. **Crossover**: where ddtk's tree all-reduce stops beating its ring on emulated
@@ -104,22 +105,14 @@ def _print(console: Any, result: dict[str, Any]) -> None:
         console.print(f"\nloopback link: gloo point-to-point latency {format_time(lb['gloo_latency_s'])}, "
                       f"bandwidth {format_rate(lb['gloo_bandwidth_Bps'])}"
                       + (f"; iperf3 {format_rate(iperf['bytes_per_second'])}" if iperf else "; no iperf3"))  # fmt: skip
-        t = Table(title="gloo all_reduce on this machine vs the loopback model (ring)")
-        for col in (
-            "ranks",
-            "size",
-            "measured",
-            "model (gloo link)",
-            "error",
-            "model (iperf3 link)",
-            "error",
-        ):
+        t = Table(
+            title="all_reduce on this machine vs the loopback model (ring of measured exchanges)"
+        )
+        for col in ("ranks", "size", "contender", "measured", "model", "error"):
             t.add_column(col)
         for r in lb["rows"]:
-            t.add_row(str(r["world_size"]), format_bytes(r["nbytes"]), format_time(r["measured_s"]),
-                      format_time(r["predicted_s"]), f"{r['error']:+.0%}",
-                      format_time(r["iperf_predicted_s"]) if "iperf_predicted_s" in r else "-",
-                      f"{r['iperf_error']:+.0%}" if "iperf_error" in r else "-")  # fmt: skip
+            t.add_row(str(r["world_size"]), format_bytes(r["nbytes"]), r["contender"],
+                      format_time(r["measured_s"]), format_time(r["predicted_s"]), f"{r['error']:+.0%}")  # fmt: skip
         console.print(t)
     if "emulation" in result:
         t = Table(title="emulated links, ping-pong fitted (t = latency + bytes / bandwidth)")

@@ -16,6 +16,10 @@ How a message is delayed (pure Python, no root, nothing outside the process):
   leave the bucket in debt. The message has left the sender when the debt is
   paid: ``done = now + debt / rate``. Back-to-back messages on one link queue
   behind each other, as on a wire; links to different peers run in parallel.
+* **A NIC per rank**, optional (``nic``): one more token bucket that every message a
+  rank sends takes from, whatever its destination. Without it the ranks form a full
+  mesh of independent links (a rank may send to three peers at three times the
+  rate); with it, fan-out traffic such as all-to-all shares one NIC, as on a cluster.
 * **A per-message delay**: the message arrives ``latency`` after it has left.
 * The sender sends an 8-byte *stamp* with the arrival time just before the
   payload, on the same tag, so it arrives first (messages of one pair and tag
@@ -89,6 +93,7 @@ class EmulatedNetwork:
         bandwidth: rate of every link, bytes/s or text (``"10Gbit"``, ``"1.25GB/s"``).
         latency: one-way delay of every message, seconds or text (``"20us"``).
         burst: bytes an idle link may send at once (a token bucket's depth; 0: none).
+        nic: if given, the rate of each rank's NIC: all of its sends share it.
         slow: exceptions. A key ``r`` (int) applies to every link to or from rank ``r``
             (a slow NIC or cable); a key ``(src, dst)`` to that one direction. A value is
             a :class:`LinkSpec`, a rate (the latency stays), or a dict of ``bandwidth``,
@@ -99,9 +104,12 @@ class EmulatedNetwork:
     latency: float | str = 0.0
     burst: int | str = 0
     slow: Mapping[Any, Override] = field(default_factory=dict)
+    nic: float | str | None = None
 
     def __post_init__(self) -> None:
         base = LinkSpec(self.bandwidth, self.latency, self.burst)
+        if self.nic is not None:
+            object.__setattr__(self, "nic", parse_rate(self.nic))
         object.__setattr__(self, "bandwidth", base.bandwidth)
         object.__setattr__(self, "latency", base.latency)
         object.__setattr__(self, "burst", base.burst)
@@ -143,6 +151,8 @@ class EmulatedNetwork:
 
     def __str__(self) -> str:
         text = f"emulated links: {self.default}"
+        if self.nic is not None:
+            text += f", NIC {format_rate(self.nic)} per rank"
         for key, spec in self.slow.items():
             where = f"{key[0]}->{key[1]}" if isinstance(key, tuple) else f"rank {key}"
             text += f"; {where}: {spec}"
@@ -266,7 +276,7 @@ class _Recv:
         return self._works[1]._source_rank()
 
 
-_OWN = frozenset({"_inner", "_network", "_buckets", "_latency_ns", "_poll", "network"})
+_OWN = frozenset({"_inner", "_network", "_buckets", "_latency_ns", "_poll", "_nic", "network"})
 
 
 class EmulatedTransport:
@@ -291,6 +301,8 @@ class EmulatedTransport:
         )
         object.__setattr__(self, "_latency_ns", {r: int(s.latency * 1e9) for r, s in links.items()})
         object.__setattr__(self, "_poll", getattr(inner, "progress", None))
+        nic = None if network.nic is None else TokenBucket(network.nic, network.burst)
+        object.__setattr__(self, "_nic", nic)
         _fine_timer_slack()
 
     def __getattr__(self, name: str) -> Any:
@@ -309,7 +321,10 @@ class EmulatedTransport:
         inner = self._inner
         if nbytes == 0:
             return inner.isend(tensor, dst, tag)
-        done = self._buckets[dst].reserve(nbytes, time.monotonic_ns())
+        now = time.monotonic_ns()
+        done = self._buckets[dst].reserve(nbytes, now)
+        if self._nic is not None:  # the rank's NIC is shared by all its links
+            done = max(done, self._nic.reserve(nbytes, now))
         stamp = torch.tensor([done + self._latency_ns[dst]], dtype=torch.int64)
         first = inner.isend(stamp, dst, tag)
         inner.stats.bytes_sent -= _STAMP_BYTES  # the stamp is the emulated wire's, not data

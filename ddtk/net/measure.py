@@ -88,6 +88,40 @@ def _exchange(ctx, x: torch.Tensor, y: torch.Tensor, via: str, dist: Any) -> Non
         w.wait()
 
 
+def timed_together(ctx, fn: Any, reps: int = 3, margin_s: float = 0.02) -> list[float]:
+    """Seconds of ``fn`` on the slowest rank, ``reps`` times, every rank starting at one clock time.
+
+    A barrier through emulated links lets ranks go up to a link latency apart (on a 5 ms
+    link, 5 ms), and that skew would land in the times. Ranks of one host share
+    ``CLOCK_MONOTONIC``, so after a gloo barrier (not emulated: it takes microseconds)
+    rank 0 names a start time ``margin_s`` ahead, every rank sleeps until then, and a
+    call's time runs from that instant to the end of the last rank.
+    """
+    import torch.distributed as dist
+
+    from ddtk.net.emulate import sleep_until
+
+    out = []
+    for _ in range(reps):
+        dist.barrier()
+        start = torch.tensor([time.monotonic_ns() + int(margin_s * 1e9)], dtype=torch.int64)
+        dist.broadcast(start, src=0)
+        begin = int(start[0])
+        late = time.monotonic_ns() > begin
+        sleep_until(begin)
+        fn()
+        elapsed = torch.tensor(
+            [(time.monotonic_ns() - begin) / 1e9, float(late)], dtype=torch.float64
+        )
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        if elapsed[1] > 0:
+            raise RuntimeError(
+                f"a rank reached the agreed start late: raise margin_s (now {margin_s} s)"
+            )
+        out.append(float(elapsed[0]))
+    return out
+
+
 def fit_link(times: dict[int, float]) -> tuple[float, float]:
     """``(latency s, bandwidth B/s)`` of ``t = latency + bytes / bandwidth``, least squares on relative error."""
     if len(times) < 2:
@@ -128,13 +162,16 @@ def loopback_check(
     iters: int = 5,
     iperf_seconds: float = 1.0,
 ) -> dict[str, Any]:
-    """The topology model on this machine's loopback against gloo's measured all-reduce.
+    """The topology model on this machine's loopback, against two all-reduces measured here.
 
     The link comes from measurements: latency and bandwidth of gloo's own
-    point-to-point (two ranks exchanging messages, as a ring step does, fitted), and, when ``iperf3`` is
-    installed, the raw TCP bandwidth of loopback; and the rate at which one thread
-    sums two buffers (the reduction the ring does between receives). Returns those
-    figures and one row per (world size, size): measured, predicted, and the errors.
+    point-to-point (two ranks exchanging messages, as a ring step does, fitted), and
+    the rate at which one thread sums two buffers (the reduction between receives).
+    ``iperf3`` (when installed) gives the raw TCP ceiling of loopback for comparison.
+    The contenders, timed interleaved: ``"ddtk ring"``, ddtk's ring over gloo's
+    point-to-point, which is literally the ring of exchanges the model describes, and
+    ``"gloo all_reduce"``, gloo's own implementation. One row per (world size, size,
+    contender): measured, predicted and the error.
     """
     import shutil
 
@@ -145,28 +182,23 @@ def loopback_check(
     from ddtk.net.topology import loopback
 
     link = ddtk.launch(_gloo_link, 2, args=(list(link_sizes), 9), transport="tcp")[0]
-    alpha, beta_gloo = fit_link(link)
+    alpha, beta = fit_link(link)
     gamma = reduce_rate()
     iperf = loopback_iperf3(iperf_seconds) if shutil.which("iperf3") else None
+    names = {"ring": "ddtk ring", "torch": "gloo all_reduce"}
     rows = []
     for n in world_sizes:
-        measured = sweep(n, list(sizes), algorithms=(), iters=iters, warmup=1, transports=("tcp",))
-        gloo_model = loopback(n, beta_gloo, alpha, gamma)
-        iperf_model = loopback(n, iperf["bytes_per_second"], alpha, gamma) if iperf else None
+        model = loopback(n, beta, alpha, gamma)
+        measured = sweep(n, list(sizes), algorithms=("ring",), iters=iters, warmup=1,
+                         transports=("tcp",))  # fmt: skip
         for r in measured:
-            got = r["time_median_s"]
-            row = {"world_size": n, "nbytes": r["nbytes"], "measured_s": got,
-                   "predicted_s": predict(gloo_model, "all_reduce", r["nbytes"], "ring").time}  # fmt: skip
-            row["error"] = row["predicted_s"] / got - 1
-            if iperf_model is not None:
-                row["iperf_predicted_s"] = predict(
-                    iperf_model, "all_reduce", r["nbytes"], "ring"
-                ).time
-                row["iperf_error"] = row["iperf_predicted_s"] / got - 1
-            rows.append(row)
+            predicted = predict(model, "all_reduce", r["nbytes"], "ring").time
+            rows.append({"world_size": n, "nbytes": r["nbytes"], "contender": names[r["algorithm"]],
+                         "measured_s": r["time_median_s"], "predicted_s": predicted,
+                         "error": predicted / r["time_median_s"] - 1})  # fmt: skip
     return {
         "gloo_latency_s": alpha,
-        "gloo_bandwidth_Bps": beta_gloo,
+        "gloo_bandwidth_Bps": beta,
         "reduce_rate_Bps": gamma,
         "link_times": link,
         "iperf3": iperf,
@@ -191,6 +223,18 @@ def crossover_from_times(
     return None
 
 
+def _algorithm_times(ctx, sizes: Sequence[int], algorithms: Sequence[str], iters: int) -> dict:
+    """Median all-reduce time per algorithm and size, every call started together (rank 0's dict)."""
+    out: dict[str, list[float]] = {a: [] for a in algorithms}
+    for nbytes in sizes:
+        x = torch.ones(max(1, nbytes // 4))
+        for a in algorithms:
+            ctx.all_reduce(x, algorithm=a)  # warm-up: buffers, connections
+            samples = timed_together(ctx, lambda a=a, x=x: ctx.all_reduce(x, algorithm=a), iters)
+            out[a].append(sorted(samples)[len(samples) // 2])
+    return out
+
+
 def emulated_crossover(
     network: Any,
     world_size: int = 4,
@@ -203,14 +247,14 @@ def emulated_crossover(
 
     The prediction uses :mod:`ddtk.comm.costmodel` with alpha = the links' latency and
     beta = 1 / their bandwidth: the model that lecture 01 fitted on this machine.
+    Every call starts at one agreed clock time (:func:`timed_together`).
     """
-    from ddtk.bench.collectives import sweep
+    import ddtk
     from ddtk.comm.costmodel import cost_terms, predict_time
 
-    rows = sweep(world_size, list(sizes), algorithms=(first, second), iters=iters, warmup=1,
-                 peer=False, transports=("shm",), network=network)  # fmt: skip
-    times = {a: [r["time_median_s"] for r in rows if r["algorithm"] == a] for a in (first, second)}
-    got = [r["nbytes"] for r in rows if r["algorithm"] == first]
+    times = ddtk.launch(_algorithm_times, world_size, args=(list(sizes), (first, second), iters),
+                        network=network, validate=False)[0]  # fmt: skip
+    got = list(sizes)
     alpha, beta = network.latency, 1 / network.bandwidth
     model = {a: [predict_time(a, s, world_size, alpha, beta) for s in got] for a in (first, second)}
     (s1, f1), (s2, f2) = cost_terms(first, world_size), cost_terms(second, world_size)
@@ -225,3 +269,41 @@ def emulated_crossover(
         "network": str(network),
         "world_size": world_size,
     }
+
+
+PATTERNS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+
+
+def pattern_times(ctx, nbytes: int, reps: int = 3) -> dict[str, float] | None:
+    """Seconds (slowest rank, fastest of ``reps``) of each communication pattern of training.
+
+    ``nbytes`` follows nccl-tests: the all-reduce buffer, the all-gather *output*, the
+    reduce-scatter *input*, what each rank sends in total in the all-to-all, and one
+    pipeline activation for ``send_recv`` (each rank sends to the next, as a pipeline
+    stage does, and receives from the previous). Rank 0 returns the dict, others None.
+    """
+
+    n = ctx.world_size
+    whole = torch.ones(max(n, nbytes // 4))
+    part = torch.ones(max(1, nbytes // 4 // n))
+    right, left = (ctx.rank + 1) % n, (ctx.rank - 1) % n
+    act = torch.ones(max(1, nbytes // 4))
+    got = torch.empty_like(act)
+
+    def send_recv() -> None:
+        works = [ctx._comm.irecv(got, left, _TAG), ctx._comm.isend(act, right, _TAG)]
+        for w in works:
+            w.wait()
+
+    ops = {
+        "all_reduce": lambda: ctx.all_reduce(whole),
+        "all_gather": lambda: ctx.all_gather(part),
+        "reduce_scatter": lambda: ctx.reduce_scatter(whole),
+        "all_to_all": lambda: ctx.all_to_all(whole),
+        "send_recv": send_recv,
+    }
+    out = {}
+    for name, op in ops.items():
+        op()  # warm-up
+        out[name] = min(timed_together(ctx, op, reps))
+    return out if ctx.rank == 0 else None

@@ -182,7 +182,7 @@ def _all_to_all(c: Cluster, S: float) -> list[_Phase]:
         per_nic = (P - G) / P * S * max(1.0, G / k)  # each GPU sends through one NIC
         nbytes["nic"] = per_nic
         nbytes["uplink"] = per_nic * _uplink_share(c, "all_to_all")
-    return [_Phase({"gpu": 1, "nic": 1 if c.nodes > 1 else 0}, nbytes)]
+    return [_Phase({"gpu": 1 if G > 1 else 0, "nic": 1 if c.nodes > 1 else 0}, nbytes)]
 
 
 def applicable(c: Cluster, collective: str) -> tuple[str, ...]:

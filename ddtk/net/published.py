@@ -203,7 +203,7 @@ def summary(checks: list[Check]) -> dict[str, float]:
 
 def table(checks: list[Check]) -> str:
     """A markdown table: system, size, algorithm, measured, predicted, error, bottleneck, source."""
-    from ddtk.viz.plots import format_bytes
+    from ddtk.bench.timing import format_bytes
 
     lines = [
         "| system | size | algorithm / protocol | measured busbw | predicted | error | limited by | source |",

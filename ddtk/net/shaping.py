@@ -46,6 +46,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ddtk.comm.shm import pid_alive
 from ddtk.net.units import format_rate, parse_rate
 
 NETNS_ENV = "DDTK_NETNS"
@@ -114,16 +115,6 @@ def join_namespace(name: str) -> None:
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale() -> list[str]:
     """Delete namespaces and bridges left by ShapedNetworks whose process is gone; return their names."""
     removed = []
@@ -132,7 +123,7 @@ def sweep_stale() -> list[str]:
         if not name.startswith(PREFIX) or "-" not in name:
             continue
         pid = name[len(PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             _run("ip", "netns", "del", name, check=False)
             removed.append(name)
     links = _run("ip", "-o", "link", "show", "type", "bridge", check=False).stdout
@@ -140,7 +131,7 @@ def sweep_stale() -> list[str]:
         dev = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
         owner = dev[len(PREFIX) : -1]
         stale = dev.startswith(PREFIX) and dev.endswith("b") and owner.isdigit()
-        if stale and not _pid_alive(int(owner)):
+        if stale and not pid_alive(int(owner)):
             _run("ip", "link", "del", dev, check=False)
             removed.append(dev)
     return removed
