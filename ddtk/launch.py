@@ -323,7 +323,8 @@ def launch(
             and a latency inside ddtk's transport (portable; ddtk's collectives only);
             :class:`ddtk.net.shaping.ShapedNetwork` starts each rank in its own network
             namespace behind a rate-limited virtual link (root only; every socket,
-            gloo's own collectives included).
+            gloo's own collectives included). Either way the ranks run on the CPU with
+            gloo, which ``backend="auto"`` then picks.
 
     Raises:
         RankError: a rank raised or died; carries its rank number and traceback.
@@ -334,6 +335,8 @@ def launch(
 
     from ddtk.comm.context import check_transport
 
+    if network is not None:
+        backend = _network_backend(backend)
     backend = _validate(fn, world_size, backend, timeout, threads)
     transport = check_transport(transport)
     if op_timeout is not None and (
@@ -380,6 +383,16 @@ def launch(
             for t in r.threads:
                 t.join(timeout=2.0)
         del store
+
+
+def _network_backend(backend: str) -> str:
+    """Emulated and shaped networks carry CPU traffic: gloo, whatever GPUs the machine has."""
+    if backend == "nccl":
+        raise ValueError(
+            "network= emulates or shapes the traffic of CPU ranks over gloo; it cannot be "
+            "used with backend='nccl' (use backend='gloo' or 'auto')"
+        )
+    return "gloo"
 
 
 def _network_settings(

@@ -240,8 +240,11 @@ def crd_files(crds: Path) -> list[CrdFile]:
 
 
 def _display(path: Path) -> str:
-    """``path`` relative to the repository root, with forward slashes (stable across machines)."""
-    return Path(os.path.relpath(path.resolve(), ROOT)).as_posix()
+    """``path`` relative to the repository root, with forward slashes (stable across machines).
+
+    ``abspath``, not ``resolve``: a ``../shared`` that is a symbolic link stays ``../shared``.
+    """
+    return Path(os.path.relpath(os.path.abspath(path), ROOT)).as_posix()
 
 
 def generate(crds: Path) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:

@@ -85,6 +85,8 @@ def test_a_launch_naming_a_missing_rank_fails_before_any_process_starts():
     assert time.monotonic() - start < 2
     with pytest.raises(TypeError, match="network must be"):
         ddtk.launch(_nothing, 2, network="10Gbit")
+    with pytest.raises(ValueError, match="cannot be used with backend='nccl'"):
+        ddtk.launch(_nothing, 2, network=EmulatedNetwork("1Gbit"), backend="nccl")
 
 
 def _nothing(ctx):

@@ -181,7 +181,9 @@ def loopback_check(
     from ddtk.net.shaping import loopback_iperf3
     from ddtk.net.topology import loopback
 
-    link = ddtk.launch(_gloo_link, 2, args=(list(link_sizes), 9), transport="tcp")[0]
+    link = ddtk.launch(_gloo_link, 2, args=(list(link_sizes), 9), backend="gloo", transport="tcp")[
+        0
+    ]
     alpha, beta = fit_link(link)
     gamma = reduce_rate()
     iperf = loopback_iperf3(iperf_seconds) if shutil.which("iperf3") else None
@@ -190,7 +192,7 @@ def loopback_check(
     for n in world_sizes:
         model = loopback(n, beta, alpha, gamma)
         measured = sweep(n, list(sizes), algorithms=("ring",), iters=iters, warmup=1,
-                         transports=("tcp",))  # fmt: skip
+                         backend="gloo", transports=("tcp",))  # fmt: skip
         for r in measured:
             predicted = predict(model, "all_reduce", r["nbytes"], "ring").time
             rows.append({"world_size": n, "nbytes": r["nbytes"], "contender": names[r["algorithm"]],
