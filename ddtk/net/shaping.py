@@ -36,9 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import json
 import os
+import re
 import shutil
+import string
 import subprocess
 import sys
 import time
@@ -115,26 +118,35 @@ def join_namespace(name: str) -> None:
         os.close(fd)
 
 
+def _owner(name: str) -> int | None:
+    """The process id in a name this module made (``ddtk<pid><letter>...``), or None."""
+    if not name.startswith(PREFIX):
+        return None
+    digits = re.match(r"\d+", name[len(PREFIX) :])
+    return int(digits.group()) if digits else None
+
+
 def sweep_stale() -> list[str]:
     """Delete namespaces and bridges left by ShapedNetworks whose process is gone; return their names."""
     removed = []
     names = _run("ip", "netns", "list", check=False).stdout.split()
+    bridges = _run("ip", "-o", "link", "show", "type", "bridge", check=False).stdout
+    names += [
+        line.split(":")[1].strip().split("@")[0] for line in bridges.splitlines() if ":" in line
+    ]
     for name in names:
-        if not name.startswith(PREFIX) or "-" not in name:
+        pid = _owner(name)
+        if pid is None or pid_alive(pid):
             continue
-        pid = name[len(PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
+        if "-" in name:  # a namespace, ddtk<pid><letter>-<rank>
             _run("ip", "netns", "del", name, check=False)
-            removed.append(name)
-    links = _run("ip", "-o", "link", "show", "type", "bridge", check=False).stdout
-    for line in links.splitlines():
-        dev = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        owner = dev[len(PREFIX) : -1]
-        stale = dev.startswith(PREFIX) and dev.endswith("b") and owner.isdigit()
-        if stale and not pid_alive(int(owner)):
-            _run("ip", "link", "del", dev, check=False)
-            removed.append(dev)
+        else:  # a bridge, ddtk<pid><letter>b
+            _run("ip", "link", "del", name, check=False)
+        removed.append(name)
     return removed
+
+
+_instances = itertools.count()
 
 
 class ShapedNetwork:
@@ -162,8 +174,11 @@ class ShapedNetwork:
         bad = [r for r in self.slow if not 0 <= r < world_size]
         if bad:
             raise ValueError(f"slow names rank(s) {bad}; the network has ranks 0..{world_size - 1}")
-        tag = os.getpid()
-        self.subnet = subnet if subnet is not None else 100 + tag % 150
+        # Names carry this process's id (for sweep_stale) and a letter per instance: the
+        # kernel removes a deleted namespace's links asynchronously, so the next network of
+        # this process must not reuse them. Interface names have at most 15 characters.
+        tag = f"{os.getpid()}{string.ascii_lowercase[next(_instances) % 26]}"
+        self.subnet = subnet if subnet is not None else 100 + os.getpid() % 150
         self.bridge = f"{PREFIX}{tag}b"
         self.namespaces = [f"{PREFIX}{tag}-{r}" for r in range(world_size)]
         self._ports = [f"{PREFIX}{tag}p{r}" for r in range(world_size)]
@@ -226,9 +241,11 @@ class ShapedNetwork:
         _tbf(IFNAME, rate, ns)  # what the rank sends
 
     def destroy(self) -> None:
-        """Remove every namespace and the bridge (deleting a namespace deletes its veth pair)."""
+        """Remove the veth pairs, the namespaces and the bridge."""
         if not self.up:
             return
+        for port in self._ports:  # at once: a namespace's own links go when the kernel gets to it
+            _run("ip", "link", "del", port, check=False)
         for ns in self.namespaces:
             _run("ip", "netns", "del", ns, check=False)
         _run("ip", "link", "del", self.bridge, check=False)
