@@ -149,15 +149,15 @@ def test_links_to_different_peers_run_in_parallel_and_one_link_queues():
     net = EmulatedNetwork("100MB/s", "0us")
     out = ddtk.launch(_fan_out, 3, args=(2 << 20,), network=net)[0]
     one = (2 << 20) / 100e6  # 21 ms
-    assert one * 0.95 <= out["two_peers"] <= one * 1.3, out  # two links at once: one message's time
-    assert 2 * one * 0.95 <= out["one_peer_twice"] <= 2 * one * 1.3, out  # one link: they queue
+    assert one * 0.95 <= out["two_peers"] <= one * 1.5, out  # two links at once: one message's time
+    assert 2 * one * 0.95 <= out["one_peer_twice"] <= 2 * one * 1.5, out  # one link: they queue
 
 
 def test_a_nic_makes_sends_to_different_peers_share_its_rate():
     net = EmulatedNetwork("100MB/s", "0us", nic="100MB/s")
     out = ddtk.launch(_fan_out, 3, args=(2 << 20,), network=net)[0]
     one = (2 << 20) / 100e6
-    assert 2 * one * 0.95 <= out["two_peers"] <= 2 * one * 1.3, out  # one NIC: they queue
+    assert 2 * one * 0.95 <= out["two_peers"] <= 2 * one * 1.5, out  # one NIC: they queue
     assert "NIC 100 MB/s per rank" in str(net)
 
 
