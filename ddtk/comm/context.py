@@ -171,7 +171,7 @@ class DistributedContext:
         )
         self.transport = self._comm.name
         self.network = network  # an emulated network's links sit in front of the transport
-        if network is not None and hasattr(network, "wrap"):
+        if network is not None:
             self._comm = network.wrap(self._comm, rank)
         if self.op_timeout is not None and dist.is_initialized():
             _set_group_timeout(self.op_timeout)  # torch's own collectives (argument check, "torch")

@@ -32,7 +32,7 @@ How a message is delayed (pure Python, no root, nothing outside the process):
 
 The emulation can only make links slower than the transport under it. Over
 shared memory that leaves a lot of room (GB/s, tens of µs); over TCP less (a
-message costs hundreds of µs). :func:`expected_time` is what one message should
+message costs hundreds of µs). :meth:`LinkSpec.time` is what one message should
 take; ``tests/test_net_emulate.py`` checks measured against it.
 """
 
@@ -185,11 +185,6 @@ def _spec(value: Override, base: LinkSpec) -> LinkSpec:
     return LinkSpec(value, base.latency, base.burst)
 
 
-def expected_time(link: LinkSpec, nbytes: int) -> float:
-    """Seconds a single ``nbytes`` message should take on ``link`` when it is idle."""
-    return link.time(nbytes)
-
-
 class TokenBucket:
     """The sender's side of one link: when will a message of ``nbytes`` have left?
 
@@ -276,7 +271,7 @@ class _Recv:
         return self._works[1]._source_rank()
 
 
-_OWN = frozenset({"_inner", "_network", "_buckets", "_latency_ns", "_poll", "_nic", "network"})
+_OWN = frozenset({"_inner", "_buckets", "_latency_ns", "_poll", "_nic", "network"})
 
 
 class EmulatedTransport:
@@ -327,8 +322,7 @@ class EmulatedTransport:
             done = max(done, self._nic.reserve(nbytes, now))
         stamp = torch.tensor([done + self._latency_ns[dst]], dtype=torch.int64)
         first = inner.isend(stamp, dst, tag)
-        inner.stats.bytes_sent -= _STAMP_BYTES  # the stamp is the emulated wire's, not data
-        inner.stats.messages_sent -= 1
+        self._uncount(sent=True)
         return _Send((first, inner.isend(tensor, dst, tag)), done, self._poll)
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
@@ -338,18 +332,24 @@ class EmulatedTransport:
             return inner.irecv(tensor, src, tag)
         stamp = torch.empty(1, dtype=torch.int64)
         first = inner.irecv(stamp, src, tag)
-        self._uncount_recv()
+        self._uncount(sent=False)
         return _Recv((first, inner.irecv(tensor, src, tag)), stamp, self._poll)
 
-    def _uncount_recv(self) -> None:
-        self._inner.stats.bytes_received -= _STAMP_BYTES
-        self._inner.stats.messages_received -= 1
+    def _uncount(self, sent: bool) -> None:
+        """Take a stamp back out of the statistics: it is the emulated wire's, not data."""
+        stats = self._inner.stats
+        if sent:
+            stats.bytes_sent -= _STAMP_BYTES
+            stats.messages_sent -= 1
+        else:
+            stats.bytes_received -= _STAMP_BYTES
+            stats.messages_received -= 1
 
     def _recv_header(self, header: torch.Tensor, src: int | None, tag: int) -> int:
         """The first message of ``recv_any``, from a known or any source: stamp, then header."""
         stamp = torch.empty(1, dtype=torch.int64)
         src = self._inner._recv_header(stamp, src, tag)
-        self._uncount_recv()
+        self._uncount(sent=False)
         self._inner.irecv(header, src, tag).wait()
         sleep_until(int(stamp[0]), self._poll)
         return src

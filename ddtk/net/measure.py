@@ -273,9 +273,6 @@ def emulated_crossover(
     }
 
 
-PATTERNS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
-
-
 def pattern_times(ctx, nbytes: int, reps: int = 3) -> dict[str, float] | None:
     """Seconds (slowest rank, fastest of ``reps``) of each communication pattern of training.
 

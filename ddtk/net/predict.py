@@ -302,13 +302,6 @@ def predict(
     return best
 
 
-def sweep(
-    cluster: Cluster, collective: str, sizes: list[int], algorithm: str | None = None
-) -> list[Prediction]:
-    """:func:`predict` for every size."""
-    return [predict(cluster, collective, s, algorithm) for s in sizes]
-
-
 def crossover(
     cluster: Cluster, collective: str, first: str, second: str, lo: int = 1, hi: int = 1 << 36
 ) -> float | None:

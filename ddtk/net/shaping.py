@@ -277,6 +277,10 @@ class ShapedNetwork:
         ]  # fmt: skip
         return self.bridge_ip, "tcp", envs
 
+    def wrap(self, comm: Any, rank: int) -> Any:
+        """The rank's transport, unchanged: the kernel shapes its sockets already."""
+        return comm
+
     def command(self, rank: int, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside rank ``rank``'s namespace (``ip netns exec``)."""
         return ["ip", "netns", "exec", self.namespaces[rank], *argv]
