@@ -420,7 +420,7 @@ def test_bad_arguments_and_layouts_are_reported(tmp_path):
 
 
 def test_only_the_overlapping_shard_files_are_read(runs, monkeypatch):
-    from ddtk.checkpoint import sharded
+    from ddtk.checkpoint import sharded_load as sharded
 
     opened = []
     real = sharded._torch_load

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from ddtk import doctor
 from ddtk.course.catalog import NOTEBOOKS
+from ddtk.doctor import packages as doctor_packages
 
 CLI_TIMEOUT_S = 120
 
@@ -409,7 +410,7 @@ def test_failing_gpu_probe_keeps_the_torch_facts(monkeypatch: pytest.MonkeyPatch
     def broken(torch: Any) -> dict[str, Any]:
         raise RuntimeError("CUDA driver initialization failed")
 
-    monkeypatch.setattr(doctor, "_gpu_facts", broken)
+    monkeypatch.setattr(doctor_packages, "_gpu_facts", broken)
     facts = doctor.probe_torch()
     assert facts["installed"] is True and facts["gloo_works"] is True
     assert facts["gpu_count"] == 0
@@ -417,7 +418,7 @@ def test_failing_gpu_probe_keeps_the_torch_facts(monkeypatch: pytest.MonkeyPatch
 
 
 def test_unimportable_horovod_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(doctor, "_dist_version", lambda name: "0.28.1")
+    monkeypatch.setattr(doctor_packages, "_dist_version", lambda name: "0.28.1")
     monkeypatch.setitem(sys.modules, "horovod.torch", None)
     facts = doctor.probe_horovod()
     assert facts["installed"] is True

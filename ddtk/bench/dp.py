@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ddtk.bench.report import save_figure, write_json
+from ddtk.bench.report import save_figure
+from ddtk.bench.runner import Point, Sweep, run_sweep
 
 VARIANTS = ("ddp", "ddtk", "ddtk-no-overlap")
 TARGET_VS_DDP = 1.5
@@ -206,53 +208,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+def _plan(args: argparse.Namespace) -> list[int]:
+    world_sizes = sorted({int(w) for w in args.world_sizes.split(",") if w.strip()})
+    if not world_sizes or world_sizes[0] < 1:
+        raise ValueError("--world-sizes needs positive integers")
+    if min(args.batch, args.steps, args.rounds) < 1 or args.bucket_mb <= 0:
+        raise ValueError("--batch, --steps, --rounds and --bucket-mb must be positive")
+    return world_sizes
 
-    from ddtk.bench.collectives import environment
 
-    console = Console()
-    try:
-        world_sizes = sorted({int(w) for w in args.world_sizes.split(",") if w.strip()})
-        if not world_sizes or world_sizes[0] < 1:
-            raise ValueError("--world-sizes needs positive integers")
-        if min(args.batch, args.steps, args.rounds) < 1 or args.bucket_mb <= 0:
-            raise ValueError("--batch, --steps, --rounds and --bucket-mb must be positive")
-    except ValueError as exc:
-        console.print(f"ddtk bench dp: {exc}")
-        return 2
-    env = environment()
-    console.print(f"[bold]ddtk bench dp[/bold]  cores={env['cores']} backend={env['backend']} torch={env['torch']} "
-                  f"model={args.model} batch/rank={args.batch} steps/round={args.steps} rounds={args.rounds}")  # fmt: skip
-    rows: list[dict] = []
-    try:
-        for n in world_sizes:
-            with console.status(f"measuring {n} rank(s) ..."):
-                rows += measure(
-                    [n],
-                    args.model,
-                    args.batch,
-                    args.steps,
-                    args.rounds,
-                    args.bucket_mb,
-                    args.algorithm,
-                )
-            add_ratios(rows)
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted: keeping the results measured so far[/yellow]")
-    if not rows:
-        return 1
-    console.print(table(rows))
+def _points(args: argparse.Namespace, world_sizes: list[int]) -> list[Point]:
+    def at(n: int) -> Callable[[], list[dict]]:
+        return lambda: measure([n], args.model, args.batch, args.steps, args.rounds,
+                               args.bucket_mb, args.algorithm)  # fmt: skip
+
+    return [Point(f"measuring {n} rank(s) ...", at(n)) for n in world_sizes]
+
+
+def _summary(rows: list[dict]) -> list[str]:
+    lines = []
     for r in rows:
         if r["contender"] == "ddtk" and r["world_size"] > 1:
             efficiency = "n/a" if r.get("efficiency") is None else f"{r['efficiency']:.2f}"
-            console.print(
+            lines.append(
                 f"ddtk / DDP throughput at {r['world_size']} ranks: {r['vs_ddp']:.2f}x (target "
                 f">= {TARGET_VS_DDP:.2f}x on shared memory, 2 ranks); weak-scaling efficiency "
                 f"{efficiency} (target >= {TARGET_EFFICIENCY:.2f})"
             )
-    if args.json:
-        write_json(args.json, env, args, rows)
-    if args.plot:
-        plot(rows, args.plot)
-    return 0
+    return lines
+
+
+SWEEP = Sweep(
+    name="dp", plan=_plan, points=_points, table=table, plot=plot, after_point=add_ratios,
+    summary=_summary,
+    header=lambda args, env, _plan: (
+        f"cores={env['cores']} backend={env['backend']} torch={env['torch']} model={args.model} "
+        f"batch/rank={args.batch} steps/round={args.steps} rounds={args.rounds}"
+    ),
+)  # fmt: skip
+
+
+def _run(args: argparse.Namespace) -> int:
+    return run_sweep(SWEEP, args)

@@ -34,12 +34,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ddtk.bench.report import publish, save_figure
+from ddtk.bench.report import save_figure
+from ddtk.bench.runner import Point, Sweep, run_sweep
 from ddtk.parallel.pipeline_schedules import (
     SCHEDULES,
     Timeline,
@@ -319,31 +321,29 @@ def _parse(args: argparse.Namespace) -> tuple[list[int], list[int], list[str]]:
     return stages, micro, schedules
 
 
-def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+def _points(args: argparse.Namespace, plan: tuple[list[int], list[int], list[str]]) -> list[Point]:
+    stages, micro, schedules = plan
 
-    from ddtk.bench.collectives import environment
+    def at(p: int) -> Callable[[], list[dict]]:
+        return lambda: measure([p], micro, schedules, args.stage_ms, args.backward_ratio,
+                               args.batch, args.width, args.steps)  # fmt: skip
 
-    console = Console(width=None if Console().is_terminal else 132)
-    try:
-        stages, micro, schedules = _parse(args)
-    except ValueError as exc:
-        console.print(f"ddtk bench pipeline: {exc}")
-        return 2
-    env = environment()
+    return [Point(f"measuring {p} stage(s) ...", at(p)) for p in stages]
+
+
+def _header(args: argparse.Namespace, env: dict, _plan: Any) -> str:
     mode = (
         f"synthetic stages {args.stage_ms:g} ms (backward x{args.backward_ratio:g})"
         if args.stage_ms
         else f"real MLP width {args.width}"
     )
-    console.print(f"[bold]ddtk bench pipeline[/bold]  cores={env['cores']} backend={env['backend']} torch={env['torch']} "
-                  f"{mode} batch={args.batch} steps={args.steps}")  # fmt: skip
-    rows: list[dict] = []
-    try:
-        for p in stages:
-            with console.status(f"measuring {p} stage(s) ..."):
-                rows += measure([p], micro, schedules, args.stage_ms, args.backward_ratio,
-                                args.batch, args.width, args.steps)  # fmt: skip
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted: keeping the results measured so far[/yellow]")
-    return publish(console, rows, env, args, table, plot)
+    return (f"cores={env['cores']} backend={env['backend']} torch={env['torch']} "
+            f"{mode} batch={args.batch} steps={args.steps}")  # fmt: skip
+
+
+SWEEP = Sweep(name="pipeline", plan=_parse, header=_header, points=_points, table=table, plot=plot,
+              width=132)  # fmt: skip
+
+
+def _run(args: argparse.Namespace) -> int:
+    return run_sweep(SWEEP, args)

@@ -33,12 +33,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ddtk.bench.report import publish, save_figure
+from ddtk.bench.report import save_figure
+from ddtk.bench.runner import Point, Sweep, run_sweep
 
 WORKLOADS = ("digits", "synthetic")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -294,31 +296,33 @@ def _parse(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...], 
     return workloads, precisions, device
 
 
-def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+def _points(
+    args: argparse.Namespace, plan: tuple[tuple[str, ...], tuple[str, ...], str]
+) -> list[Point]:
+    workloads, precisions, device = plan
 
-    from ddtk.bench.collectives import environment
+    def at(w: str) -> Callable[[], list[dict]]:
+        return lambda: measure((w,), precisions, args.steps, args.batch, args.hidden, args.layers,
+                               args.lr, args.warmup, device=device)  # fmt: skip
 
-    console = Console(width=None if Console().is_terminal else 140)
-    try:
-        workloads, precisions, device = _parse(args)
-    except ValueError as exc:
-        console.print(f"ddtk bench precision: {exc}")
-        return 2
-    env = environment()
+    return [Point(f"measuring {w} ...", at(w)) for w in workloads]
+
+
+def _header(args: argparse.Namespace, env: dict, plan: Any) -> str:
+    return (f"cores={env['cores']} torch={env['torch']} device={plan[2]} threads=1 steps={args.steps} "
+            f"batch={args.batch} cpu bf16 units={env['cpu_bf16'] or 'none'}")  # fmt: skip
+
+
+def _record_bf16(env: dict, _args: argparse.Namespace, _plan: Any) -> None:
     env["cpu_bf16"] = _cpu_bf16_flags()
-    console.print(f"[bold]ddtk bench precision[/bold]  cores={env['cores']} torch={env['torch']} device={device} "
-                  f"threads=1 steps={args.steps} batch={args.batch} cpu bf16 units={env['cpu_bf16'] or 'none'}")  # fmt: skip
-    rows: list[dict] = []
-    try:
-        for w in workloads:
-            with console.status(f"measuring {w} ..."):
-                rows += measure((w,), precisions, args.steps, args.batch, args.hidden, args.layers,
-                                args.lr, args.warmup, device=device)  # fmt: skip
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted: keeping the results measured so far[/yellow]")
-    add_ratios(rows)
-    return publish(console, rows, env, args, table, plot)
+
+
+SWEEP = Sweep(name="precision", plan=_parse, header=_header, points=_points, table=table, plot=plot,
+              width=140, environment=_record_bf16, after_all=add_ratios)  # fmt: skip
+
+
+def _run(args: argparse.Namespace) -> int:
+    return run_sweep(SWEEP, args)
 
 
 def _cpu_bf16_flags() -> str:

@@ -9,6 +9,10 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from ddtk.sizes import format_bytes, parse_size
+
+__all__ = ["format_bytes", "parse_size", "summarize", "timed_across_ranks"]
+
 
 def timed_across_ranks(
     fn: Callable[[], object], repeat: int = 1, barrier: Callable[[], object] | None = None
@@ -43,24 +47,3 @@ def summarize(samples: Sequence[float]) -> dict[str, float]:
         "time_p10_s": pct(0.1),
         "time_p90_s": pct(0.9),
     }
-
-
-def parse_size(text: str) -> int:
-    """``"4K"``, ``"64M"``, ``"1G"`` or a plain integer, in bytes (powers of 1024)."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    try:
-        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except ValueError:
-        raise ValueError(
-            f"cannot read size {text!r}; use bytes or a suffix K, M, G (e.g. 4K, 64M)"
-        ) from None
-
-
-def format_bytes(n: float) -> str:
-    """1024 -> '1 KiB', 67108864 -> '64 MiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if float(n).is_integer() else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} GiB"

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ddtk.bench.report import publish, save_figure
+from ddtk.bench.report import save_figure
+from ddtk.bench.runner import Point, Sweep, run_sweep
 
 
 def _param_bytes(module: nn.Module) -> int:
@@ -212,28 +214,27 @@ def _check_args(args: argparse.Namespace) -> list[int]:
     return world_sizes
 
 
-def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+def _points(args: argparse.Namespace, world_sizes: list[int]) -> list[Point]:
+    def at(n: int) -> Callable[[], list[dict]]:
+        return lambda: measure([n], args.hidden, args.ffn_hidden, args.tokens, args.steps,
+                               args.rounds, args.backend)  # fmt: skip
 
-    from ddtk.bench.collectives import environment
+    return [Point(f"measuring {n} rank(s) ...", at(n)) for n in world_sizes]
 
-    console = Console(width=None if Console().is_terminal else 140)
-    try:
-        world_sizes = _check_args(args)
-    except ValueError as exc:
-        console.print(f"ddtk bench tp: {exc}")
-        return 2
-    env = environment()
+
+def _header(args: argparse.Namespace, env: dict, _plan: Any) -> str:
+    return (f"cores={env['cores']} backend={args.backend} torch={env['torch']} hidden={args.hidden} "
+            f"tokens={args.tokens} steps/round={args.steps} rounds={args.rounds}")  # fmt: skip
+
+
+def _record_backend(env: dict, args: argparse.Namespace, _plan: Any) -> None:
     if args.backend != "auto":
         env["backend"] = args.backend
-    console.print(f"[bold]ddtk bench tp[/bold]  cores={env['cores']} backend={args.backend} torch={env['torch']} "
-                  f"hidden={args.hidden} tokens={args.tokens} steps/round={args.steps} rounds={args.rounds}")  # fmt: skip
-    rows: list[dict] = []
-    try:
-        for n in world_sizes:
-            with console.status(f"measuring {n} rank(s) ..."):
-                rows += measure([n], args.hidden, args.ffn_hidden, args.tokens, args.steps,
-                                args.rounds, args.backend)  # fmt: skip
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted: keeping the results measured so far[/yellow]")
-    return publish(console, rows, env, args, table, plot)
+
+
+SWEEP = Sweep(name="tp", plan=_check_args, header=_header, points=_points, table=table, plot=plot,
+              width=140, environment=_record_backend)  # fmt: skip
+
+
+def _run(args: argparse.Namespace) -> int:
+    return run_sweep(SWEEP, args)

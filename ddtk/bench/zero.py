@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ddtk.bench.report import publish, save_figure
+from ddtk.bench.report import save_figure
+from ddtk.bench.runner import Point, Sweep, run_sweep
 
 CONTENDERS = ("dp", "zero-1", "zero-2", "fsdp2")
 _STAGE = {"dp": 0, "zero-1": 1, "zero-2": 2, "fsdp2": 3}
@@ -286,26 +288,23 @@ def _parse(args: argparse.Namespace) -> tuple[list[int], list[str] | None]:
     return world_sizes, contenders
 
 
+def _points(args: argparse.Namespace, plan: tuple[list[int], list[str] | None]) -> list[Point]:
+    world_sizes, contenders = plan
+
+    def at(n: int) -> Callable[[], list[dict]]:
+        return lambda: measure([n], args.model, args.batch, args.steps, contenders, args.lr)
+
+    return [Point(f"measuring {n} rank(s) ...", at(n)) for n in world_sizes]
+
+
+def _header(args: argparse.Namespace, env: dict, _plan: Any) -> str:
+    return (f"cores={env['cores']} backend={env['backend']} torch={env['torch']} "
+            f"model={args.model} batch/rank={args.batch} steps={args.steps}")  # fmt: skip
+
+
+SWEEP = Sweep(name="zero", plan=_parse, header=_header, points=_points, table=table, plot=plot,
+              width=160, after_point=add_ratios)  # fmt: skip
+
+
 def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from ddtk.bench.collectives import environment
-
-    console = Console(width=None if Console().is_terminal else 160)
-    try:
-        world_sizes, contenders = _parse(args)
-    except ValueError as exc:
-        console.print(f"ddtk bench zero: {exc}")
-        return 2
-    env = environment()
-    console.print(f"[bold]ddtk bench zero[/bold]  cores={env['cores']} backend={env['backend']} torch={env['torch']} "
-                  f"model={args.model} batch/rank={args.batch} steps={args.steps}")  # fmt: skip
-    rows: list[dict] = []
-    try:
-        for n in world_sizes:
-            with console.status(f"measuring {n} rank(s) ..."):
-                rows += measure([n], args.model, args.batch, args.steps, contenders, args.lr)
-            add_ratios(rows)
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted: keeping the results measured so far[/yellow]")
-    return publish(console, rows, env, args, table, plot)
+    return run_sweep(SWEEP, args)

@@ -38,13 +38,10 @@ blob still used by a kept checkpoint is never deleted.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import pickle
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,24 +49,27 @@ import torch
 from torch import nn
 
 from ddtk.checkpoint.atomic import CheckpointError, atomic_torch_save, atomic_write_bytes
+from ddtk.checkpoint.blobs import (
+    BLOB_DIR,
+    INDEX_FILE,
+    KIND,
+    REF,
+    blob_path,
+    incremental_problems,
+    read_incremental,
+    tensor_digest,
+)
+from ddtk.checkpoint.layout import META_FILE, checkpoint_dirs, step_dir
 from ddtk.checkpoint.manifest import (
     MANIFEST_NAME,
     CorruptCheckpointError,
     describe_file,
     read_manifest,
-    verify,
     write_manifest,
 )
 from ddtk.checkpoint.retention import apply_retention, check_policy
 from ddtk.checkpoint.state import CheckpointState, ResumableSampler, restore
-from ddtk.checkpoint.store import (
-    META_FILE,
-    Checkpoint,
-    UnsafeCheckpointError,
-    checkpoint_dirs,
-    load,
-    step_dir,
-)
+from ddtk.checkpoint.store import Checkpoint, load
 
 __all__ = [
     "BLOB_DIR",
@@ -77,28 +77,14 @@ __all__ = [
     "KIND",
     "apply_incremental_retention",
     "collect_garbage",
+    "incremental_problems",
     "load_incremental",
+    "read_incremental",
     "referenced_blobs",
     "save_incremental",
     "save_stats",
     "tensor_digest",
 ]
-
-KIND = "incremental"
-INDEX_FILE = "index.pt"
-BLOB_DIR = "blobs"
-_REF = "__ddtk_blob__"
-
-
-def tensor_digest(t: torch.Tensor) -> str:
-    """sha256 (hex) of a tensor's dtype, shape and bytes: equal digests mean equal tensors."""
-    if t.is_sparse or t.is_quantized or t.layout != torch.strided:
-        raise TypeError(f"incremental checkpoints store dense tensors only, got layout {t.layout}")
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
-    digest = hashlib.sha256(f"{flat.dtype}|{tuple(t.shape)}|".encode())
-    if flat.numel():
-        digest.update(memoryview(flat.view(torch.uint8).numpy()))
-    return digest.hexdigest()
 
 
 def _split(obj: Any, inline_bytes: int, leaves: dict[str, torch.Tensor], key: str = "") -> Any:
@@ -108,29 +94,12 @@ def _split(obj: Any, inline_bytes: int, leaves: dict[str, torch.Tensor], key: st
             return obj
         digest = tensor_digest(obj)
         leaves.setdefault(digest, obj)
-        return {_REF: digest, "path": key}
+        return {REF: digest, "path": key}
     if isinstance(obj, dict):
         return {k: _split(v, inline_bytes, leaves, f"{key}/{k}") for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return type(obj)(_split(v, inline_bytes, leaves, f"{key}/{i}") for i, v in enumerate(obj))
     return obj
-
-
-def _refs(structure: Any) -> Iterator[dict[str, str]]:
-    """Every blob reference in an index structure."""
-    if isinstance(structure, dict):
-        if _REF in structure:
-            yield structure
-            return
-        for v in structure.values():
-            yield from _refs(v)
-    elif isinstance(structure, list | tuple):
-        for v in structure:
-            yield from _refs(v)
-
-
-def _blob_path(directory: Path, digest: str) -> Path:
-    return directory / BLOB_DIR / f"{digest}.pt"
 
 
 def _known_blobs(directory: Path) -> dict[str, dict[str, Any]]:
@@ -233,7 +202,7 @@ def _write_blobs(
     blobs: dict[str, dict[str, Any]] = {}
     written = []
     for digest, tensor in leaves.items():
-        target = _blob_path(directory, digest)
+        target = blob_path(directory, digest)
         entry = known.get(digest)
         if not _reusable(target, entry, check):
             t = tensor.detach().to("cpu")
@@ -257,90 +226,6 @@ def save_stats(path: str | os.PathLike[str]) -> dict[str, Any]:
     keys = ("blobs_written", "blobs_reused", "blob_bytes_written", "bytes_written",
             "tensor_bytes", "seconds")  # fmt: skip
     return {k: extra.get(k) for k in keys}
-
-
-def _blob_problems(directory: Path, manifest: dict[str, Any]) -> list[str]:
-    """Every blob of a checkpoint that is missing or does not match its size/sha256."""
-    problems = []
-    for digest, entry in manifest.get("extra", {}).get("blobs", {}).items():
-        blob = _blob_path(directory, digest)
-        name = f"{BLOB_DIR}/{blob.name}"
-        if not blob.is_file():
-            problems.append(f"{name}: missing")
-        elif blob.stat().st_size != entry.get("size"):
-            problems.append(
-                f"{name}: {blob.stat().st_size} bytes, the manifest says {entry['size']}"
-            )
-        elif describe_file(blob).sha256 != entry.get("sha256"):
-            problems.append(f"{name}: sha256 differs from the manifest (the blob is corrupt)")
-    return problems
-
-
-def incremental_problems(path: Path) -> list[str]:
-    """Every problem of an incremental checkpoint directory (its files and its blobs)."""
-    problems = verify(path)
-    if problems:
-        return problems
-    manifest = read_manifest(path)
-    if manifest.get("kind") != KIND:
-        return [f"a {manifest.get('kind')!r} checkpoint, not an incremental one"]
-    return _blob_problems(path.parent, manifest)
-
-
-def _load(obj: Path, map_location: Any) -> Any:
-    try:
-        return torch.load(obj, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise UnsafeCheckpointError(
-            f"refusing to load {obj}: it contains pickled objects that are not tensors or plain "
-            "data, which could run code; nothing from it was executed"
-        ) from exc
-
-
-def _assemble(structure: Any, tensors: dict[str, torch.Tensor], used: set[str]) -> Any:
-    """Put the blobs back; a blob used twice is cloned so no two leaves share storage."""
-    if isinstance(structure, dict):
-        if _REF in structure:
-            digest = structure[_REF]
-            t = tensors[digest]
-            if digest in used:
-                return t.clone()
-            used.add(digest)
-            return t
-        return {k: _assemble(v, tensors, used) for k, v in structure.items()}
-    if isinstance(structure, list | tuple):
-        return type(structure)(_assemble(v, tensors, used) for v in structure)
-    return structure
-
-
-def read_incremental(path: Path, map_location: Any) -> Checkpoint:
-    """Read a verified incremental checkpoint into a full :class:`Checkpoint`."""
-    manifest = read_manifest(path)
-    index = _load(path / INDEX_FILE, map_location)
-    if not isinstance(index, dict) or "structure" not in index:
-        raise CorruptCheckpointError(f"{path / INDEX_FILE} is not a ddtk incremental index")
-    blobs = manifest["extra"]["blobs"]
-    tensors = {}
-    for ref in _refs(index["structure"]):
-        digest = ref[_REF]
-        if digest not in blobs:
-            raise CorruptCheckpointError(f"{path}: {ref['path']} refers to unlisted blob {digest}")
-        if digest not in tensors:
-            t = _load(_blob_path(path.parent, digest), map_location)
-            entry = blobs[digest]
-            if (
-                str(t.dtype).removeprefix("torch.") != entry["dtype"]
-                or list(t.shape) != entry["shape"]
-            ):
-                raise CorruptCheckpointError(
-                    f"blob {digest} does not hold the tensor the index names"
-                )
-            tensors[digest] = t
-    state = _assemble(index["structure"], tensors, set())
-    meta = json.loads((path / META_FILE).read_bytes())
-    if not isinstance(state, dict) or "model" not in state:
-        raise CorruptCheckpointError(f"{path / INDEX_FILE} does not hold a ddtk training state")
-    return Checkpoint(path, manifest, CheckpointState(state, meta))
 
 
 def load_incremental(

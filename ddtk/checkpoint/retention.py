@@ -24,6 +24,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from ddtk.checkpoint.layout import checkpoint_dirs
 from ddtk.checkpoint.manifest import MANIFEST_NAME, verify
 
 __all__ = ["apply_retention", "check_policy", "plan_retention"]
@@ -71,8 +72,6 @@ def apply_retention(
     reading), which keeps a save from re-reading the whole history; an older
     checkpoint corrupted in place then counts as good for the policy.
     """
-    from ddtk.checkpoint.store import checkpoint_dirs
-
     check_policy(keep_last, keep_every)
     entries = checkpoint_dirs(directory)
     good: dict[int, Path] = {}

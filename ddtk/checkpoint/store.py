@@ -28,11 +28,9 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import re
 import shutil
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +42,19 @@ from ddtk.checkpoint.atomic import (
     atomic_torch_save,
     atomic_write_bytes,
 )
+from ddtk.checkpoint.blobs import KIND as INCREMENTAL_KIND
+from ddtk.checkpoint.blobs import incremental_problems, read_incremental
 from ddtk.checkpoint.digest import CHUNK_BYTES
+from ddtk.checkpoint.layout import (
+    META_FILE,
+    STATE_FILE,
+    STEP_RE,
+    Checkpoint,
+    CheckpointNotFoundError,
+    UnsafeCheckpointError,
+    checkpoint_dirs,
+    step_dir,
+)
 from ddtk.checkpoint.manifest import (
     MANIFEST_NAME,
     CorruptCheckpointError,
@@ -52,6 +62,7 @@ from ddtk.checkpoint.manifest import (
     verify,
     write_manifest,
 )
+from ddtk.checkpoint.retention import apply_retention, check_policy
 from ddtk.checkpoint.state import CheckpointState, ResumableSampler, restore
 
 __all__ = [
@@ -67,55 +78,6 @@ __all__ = [
     "save",
     "step_dir",
 ]
-
-STATE_FILE = "state.pt"
-META_FILE = "meta.json"
-_STEP_RE = re.compile(r"^step-(\d+)$")
-
-
-class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
-    """No complete, verified checkpoint exists where one was asked for."""
-
-
-class UnsafeCheckpointError(CheckpointError):
-    """A checkpoint file holds pickled objects other than tensors and plain data; it was not run."""
-
-
-@dataclass
-class Checkpoint:
-    """A loaded checkpoint: where it was, its manifest and its state."""
-
-    path: Path
-    manifest: dict[str, Any]
-    state: CheckpointState
-
-    @property
-    def step(self) -> int:
-        """The step it was saved at."""
-        return int(self.manifest["step"])
-
-    @property
-    def epoch(self) -> int | None:
-        """The epoch it was saved at."""
-        return self.manifest.get("epoch")
-
-
-def step_dir(directory: str | os.PathLike[str], step: int) -> Path:
-    """The directory of the checkpoint of ``step`` inside a run directory."""
-    return Path(directory) / f"step-{step:06d}"
-
-
-def checkpoint_dirs(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every ``step-N`` directory (complete or not), oldest first."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found = []
-    for entry in directory.iterdir():
-        match = _STEP_RE.match(entry.name)
-        if match and entry.is_dir():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
 
 
 def save(
@@ -143,8 +105,6 @@ def save(
         )
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step must be an integer >= 0, got {step!r}")
-    from ddtk.checkpoint.retention import apply_retention, check_policy
-
     check_policy(keep_last, keep_every)
     path = step_dir(directory, step)
     if (path / MANIFEST_NAME).exists():
@@ -182,9 +142,7 @@ def problems(path: str | os.PathLike[str]) -> list[str]:
     incremental checkpoint also the shared blobs it refers to.
     """
     found = verify(path)
-    if not found and read_manifest(path).get("kind") == "incremental":
-        from ddtk.checkpoint.incremental import incremental_problems
-
+    if not found and read_manifest(path).get("kind") == INCREMENTAL_KIND:
         found = incremental_problems(Path(path))
     return found
 
@@ -216,9 +174,7 @@ def _read(path: Path, map_location: Any) -> Checkpoint:
     """Read a verified checkpoint directory; refuse anything but tensors and plain data."""
     manifest = read_manifest(path)
     kind = manifest.get("kind")
-    if kind == "incremental":
-        from ddtk.checkpoint.incremental import read_incremental
-
+    if kind == INCREMENTAL_KIND:
         return read_incremental(path, map_location)
     if kind == "sharded":
         raise CheckpointError(
@@ -295,7 +251,7 @@ def load(
     source = Path(source)
     if not source.is_dir():
         raise CheckpointNotFoundError(f"no checkpoint directory at {source}")
-    if _STEP_RE.match(source.name) or (source / MANIFEST_NAME).exists():
+    if STEP_RE.match(source.name) or (source / MANIFEST_NAME).exists():
         found, ckpt = _verified_read(source, map_location)
         if found:
             raise CorruptCheckpointError(f"checkpoint {source} is bad: " + "; ".join(found))

@@ -12,4 +12,60 @@
 - :mod:`~ddtk.net.shaping`: ranks in network namespaces behind kernel rate limiters
   (root only), and ``iperf3`` on those links.
 - :mod:`~ddtk.net.probe`: per-link timing that finds a slow link.
+
+Every public name of these modules is importable from the package itself, loaded on
+first use (so importing the package stays cheap).
 """
+
+from ddtk._lazy import lazy_exports
+
+# public name -> the submodule that defines it
+_EXPORTS = {
+    "EmulatedNetwork": "emulate",
+    "EmulatedTransport": "emulate",
+    "LinkSpec": "emulate",
+    "TokenBucket": "emulate",
+    "sleep_until": "emulate",
+    "crossover_from_times": "measure",
+    "emulated_crossover": "measure",
+    "fit_link": "measure",
+    "link_times": "measure",
+    "loopback_check": "measure",
+    "pattern_times": "measure",
+    "reduce_rate": "measure",
+    "timed_together": "measure",
+    "check": "nccl_tests",
+    "parse": "nccl_tests",
+    "Prediction": "predict",
+    "applicable": "predict",
+    "crossover": "predict",
+    "SlowLink": "probe",
+    "diagnose": "probe",
+    "find_slow_links": "probe",
+    "probe_links": "probe",
+    "round_robin": "probe",
+    "Check": "published",
+    "Published": "published",
+    "is_large": "published",
+    "summary": "published",
+    "table": "published",
+    "validate": "published",
+    "ShapedNetwork": "shaping",
+    "ShapingUnavailable": "shaping",
+    "iperf3": "shaping",
+    "join_namespace": "shaping",
+    "loopback_iperf3": "shaping",
+    "sweep_stale": "shaping",
+    "unavailable_reason": "shaping",
+    "Cluster": "topology",
+    "Link": "topology",
+    "Protocol": "topology",
+    "loopback": "topology",
+    "preset": "topology",
+    "format_rate": "units",
+    "format_time": "units",
+    "parse_rate": "units",
+    "parse_time": "units",
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

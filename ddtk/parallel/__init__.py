@@ -1,1 +1,89 @@
-"""Training strategies, one per file, all sharing :class:`~ddtk.parallel.trainer.DistributedTrainer`."""
+"""Training strategies, one per file, all sharing :class:`~ddtk.parallel.trainer.DistributedTrainer`.
+
+Every public name of the strategy modules is importable from here, loaded on
+first use so that ``import ddtk.parallel`` stays cheap (no torch until a name is
+used)::
+
+    from ddtk.parallel import DataParallel, ZeroOptimizer
+"""
+
+from ddtk._lazy import lazy_exports
+
+# public name -> the submodule that defines it
+_EXPORTS = {
+    "GradientAccumulator": "accumulation",
+    "Callback": "callbacks",
+    "History": "callbacks",
+    "Lambda": "callbacks",
+    "Report": "callbacks",
+    "Bucket": "data_parallel",
+    "DataParallel": "data_parallel",
+    "assign_buckets": "data_parallel",
+    "Decentralized": "decentralized",
+    "mixing_matrix": "decentralized",
+    "DynamicBatchController": "dynamic_batching",
+    "GradientNoiseScale": "dynamic_batching",
+    "NoiseScaleEstimate": "dynamic_batching",
+    "enable_dynamic_batching": "dynamic_batching",
+    "estimate_noise_scale": "dynamic_batching",
+    "noise_scale_from_gradients": "dynamic_batching",
+    "plot_batch_trajectory": "dynamic_batching",
+    "train_dynamic": "dynamic_batching",
+    "ElasticAveraging": "elastic",
+    "FederatedAveraging": "federated",
+    "FederatedSGD": "federated",
+    "client_partition": "federated",
+    "clients_per_round": "federated",
+    "compare_fedavg_fedsgd": "federated",
+    "round_bytes": "federated",
+    "sample_clients": "federated",
+    "FSDPRun": "fsdp",
+    "fsdp_supported": "fsdp",
+    "fully_shard_fn": "fsdp",
+    "local_nbytes": "fsdp",
+    "run_fsdp_peer": "fsdp",
+    "DistributedKMeans": "kmeans",
+    "INITS": "kmeans",
+    "kmeans_plusplus": "kmeans",
+    "squared_distances": "kmeans",
+    "LocalSGD": "local_sgd",
+    "MODES": "parameter_server",
+    "ParameterServer": "parameter_server",
+    "ParameterServerTrainer": "parameter_server",
+    "assign_shards": "parameter_server",
+    "check_mode": "parameter_server",
+    "check_roles": "parameter_server",
+    "run_parameter_server": "parameter_server",
+    "PipelineParallel": "pipeline",
+    "SCHEDULES": "pipeline",
+    "TAG_BASE": "pipeline",
+    "bubble_fraction": "pipeline",
+    "partition": "pipeline",
+    "theoretical_bubble": "pipeline",
+    "Action": "pipeline_schedules",
+    "Event": "pipeline_schedules",
+    "Timeline": "pipeline_schedules",
+    "check_schedule": "pipeline_schedules",
+    "schedule_order": "pipeline_schedules",
+    "simulate": "pipeline_schedules",
+    "ColumnParallelLinear": "tensor",
+    "RowParallelLinear": "tensor",
+    "TensorParallelMLP": "tensor",
+    "dense_mlp": "tensor",
+    "seeded_linear": "tensor",
+    "tp_mlp_comm_bytes": "tensor",
+    "ALGORITHM": "tensor_ops",
+    "copy_to_tensor_parallel": "tensor_ops",
+    "gather_from_tensor_parallel": "tensor_ops",
+    "reduce_from_tensor_parallel": "tensor_ops",
+    "scatter_to_tensor_parallel": "tensor_ops",
+    "split_along": "tensor_ops",
+    "DistributedTrainer": "trainer",
+    "batches": "trainer",
+    "loss_function": "trainer",
+    "STAGES": "zero",
+    "ZeroOptimizer": "zero",
+    "zero_memory_per_param": "zero",
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -47,7 +47,7 @@ from torch import nn
 
 from ddtk.data import DataPartitioner, load_dataset, train_test_split
 from ddtk.models import build_model
-from ddtk.parallel.parameter_server import ParameterServer, assign_shards
+from ddtk.parallel.ps_store import ParameterServer, assign_shards
 from ddtk.parallel.trainer import batches
 
 TAG_REQUEST, TAG_REPLY, TAG_RESULT = 401, 402, 403

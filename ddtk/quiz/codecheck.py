@@ -46,11 +46,20 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ddtk.quiz.grading import CodeResult
 from ddtk.quiz.model import Question
 
 MEMORY_LIMIT = 1 << 30  # bytes of address space for each child
 OUTPUT_LIMIT = 1 << 20  # bytes of result lines read from a child
+
+
+@dataclass
+class CodeResult:
+    """What the instructor tests found: ``passed`` of ``total`` checks, and a safe note."""
+
+    passed: int
+    total: int
+    note: str = ""
+
 
 _SERVER = r"""
 import json, os, select, shutil, signal, sys, tempfile, time

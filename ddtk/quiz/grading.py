@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtk.quiz.answers import Answers, check_answers
+from ddtk.quiz.codecheck import CodeResult, run_code_question
 from ddtk.quiz.model import Question, Quiz
 from ddtk.quiz.seeding import order_ids, seed_for
 from ddtk.quiz.source import load_key, parse_fraction
@@ -59,15 +60,6 @@ class QuestionResult:
     feedback: str = ""
     status: str = "incorrect"  # correct | partial | incorrect | unanswered | invalid
     note: str = ""  # why an invalid answer was not graded
-
-
-@dataclass
-class CodeResult:
-    """What the instructor tests found: ``passed`` of ``total`` checks, and a safe note."""
-
-    passed: int
-    total: int
-    note: str = ""
 
 
 @dataclass
@@ -197,8 +189,6 @@ def _code(q: Question, value: Any, result: CodeResult | None) -> QuestionResult:
     if not isinstance(value, str) or not value.strip():
         return _invalid(q, "expected Python source code")
     if result is None:
-        from ddtk.quiz.codecheck import run_code_question
-
         result = run_code_question(q, value)
     score = q.points * Fraction(result.passed, result.total) if result.total else ZERO
     ok = result.total > 0 and result.passed == result.total

@@ -153,3 +153,8 @@ class QuizSourceError(ValueError):
 def fraction_str(x: Fraction) -> int | str:
     """Write a Fraction for YAML/JSON: an int when whole, else ``"p/q"``."""
     return int(x) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"
+
+
+def format_score(x: Fraction) -> str:
+    """A score as ``3`` or ``7/2``."""
+    return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"

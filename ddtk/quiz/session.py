@@ -54,7 +54,7 @@ import yaml
 
 from ddtk.quiz.answers import STUDENT_RE, Answers, read_answers, write_answers
 from ddtk.quiz.grading import parse_number_answer
-from ddtk.quiz.model import Question, Quiz
+from ddtk.quiz.model import Question, Quiz, format_score
 from ddtk.quiz.seeding import order_for, seed_for
 from ddtk.quiz.selfcheck import SelfCheckReport, self_check
 from ddtk.quiz.source import load_public
@@ -70,11 +70,6 @@ def check_student(student: Any) -> str:
             f"got {student!r}"
         )
     return student
-
-
-def format_score(x: Fraction) -> str:
-    """A score as ``3`` or ``7/2``."""
-    return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"
 
 
 def format_report(report: SelfCheckReport) -> str:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
-from ddtk.quiz.session import format_score
+from ddtk.quiz.model import format_score
 
 if TYPE_CHECKING:
     from ddtk.quiz.model import Question

@@ -17,7 +17,7 @@ from typing import Any
 
 from matplotlib.axes import Axes
 
-from ddtk.bench.timing import format_bytes
+from ddtk.sizes import format_bytes
 
 __all__ = [
     "algorithms_in", "amdahl_speedup", "fit_serial_fraction", "format_bytes", "plot_busbw",
