@@ -1,4 +1,4 @@
-"""The ``ddtk`` command line: ``ddtk doctor``, ``ddtk course ...``, ``ddtk bench ...``, ``ddtk profile ...``, ``ddtk quiz ...``.
+"""The ``ddtk`` command line: ``ddtk doctor``, ``ddtk course ...``, ``ddtk bench ...``, ``ddtk profile ...``, ``ddtk quiz ...``, ``ddtk project check``.
 
 Each command group lives next to the code it drives and contributes its own
 sub-parser through an ``add_parser(subparsers)`` function, so this file only
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ddtk.bench import cli as bench_cli
     from ddtk.course import cli as course_cli
     from ddtk.profiling import cli as profile_cli
+    from ddtk.project import cli as project_cli
     from ddtk.quiz import cli as quiz_cli
 
     parser = argparse.ArgumentParser(
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_parser(sub)
     profile_cli.add_parser(sub)
     quiz_cli.add_parser(sub)
+    project_cli.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,64 @@
+"""The two basic criteria: a valid manifest with its files, and a clean run on N ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddtk.project.manifest import ManifestError, ProjectSpec, load_project
+from ddtk.project.rubric import Criterion, CriterionResult
+from ddtk.project.run import RunResult, run
+
+
+def files_and_manifest(
+    criterion: Criterion, root: Path
+) -> tuple[CriterionResult, ProjectSpec | None]:
+    """project.yaml is valid and the entry point and design document it declares exist."""
+    try:
+        spec = load_project(root)
+    except ManifestError as exc:
+        return CriterionResult(criterion, "fail", str(exc)), None
+    missing = [
+        f"{key} {path.relative_to(root)}"
+        for key, path in spec.declared_files().items()
+        if not path.is_file()
+    ]
+    if missing:
+        return CriterionResult(
+            criterion, "fail", "declared file missing: " + ", ".join(missing)
+        ), spec
+    measured = {"name": spec.name, "entry": spec.entry, "ranks": spec.ranks, "steps": spec.steps}
+    return CriterionResult(
+        criterion, "pass", f"project.yaml valid; {spec.entry} and {spec.design} exist", measured
+    ), spec
+
+
+def checksums_agree(result: RunResult) -> str | None:
+    """None when every rank ended with the same parameter checksum, else what differs."""
+    sums = {rank: m["param_checksum"] for rank, m in sorted(result.metrics.items())}
+    if len(set(sums.values())) <= 1:
+        return None
+    return "ranks disagree on the final parameters: " + ", ".join(
+        f"rank {r} {s[:12]}" for r, s in sums.items()
+    )
+
+
+def runs_on_n_ranks(
+    criterion: Criterion, spec: ProjectSpec, work: Path, timeout_s: float
+) -> tuple[CriterionResult, RunResult]:
+    """The check run on ``spec.ranks`` ranks exits 0, every rank reports the full run, checksums agree."""
+    result = run(spec, spec.ranks, work / f"run-{spec.ranks}", timeout_s)
+    measured = {
+        "ranks": spec.ranks,
+        "seconds": round(result.seconds, 2),
+        "returncode": result.returncode,
+    }
+    if not result.ok:
+        status = "error" if result.timed_out else "fail"
+        return CriterionResult(criterion, status, result.failure(), measured), result
+    disagree = checksums_agree(result)
+    measured["throughput"] = round(result.mean("throughput"), 2)
+    measured["param_checksum"] = result.metrics[0]["param_checksum"]
+    if disagree:
+        return CriterionResult(criterion, "fail", disagree, measured), result
+    message = f"{spec.ranks} ranks ran {spec.steps} steps in {result.seconds:.1f} s; parameters identical on every rank"
+    return CriterionResult(criterion, "pass", message, measured), result

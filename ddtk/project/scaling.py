@@ -1,0 +1,114 @@
+"""The scaling study: the submission's report against the checker's own runs at 1, 2 and 4 ranks.
+
+The report (``reports.scaling``, JSON) lists one entry per world size::
+
+    {"runs": [{"ranks": 1, "throughput": 950.0, "speedup": 1.0, "efficiency": 1.0}, ...]}
+
+with throughput in samples/s from the check configuration. The checker verifies
+that speedup = throughput / throughput at 1 rank and efficiency = speedup / ranks
+(relative tolerance ``consistency_rtol``), reruns the check configuration at each
+world size and compares the speedups: each measured one must lie within a factor
+``speedup_factor`` of the reported one. Speedups, not absolute throughputs, are
+compared, because they depend much less on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ddtk.project.manifest import ProjectSpec
+from ddtk.project.rubric import Criterion, CriterionResult
+from ddtk.project.run import run
+
+
+class ReportError(ValueError):
+    """The scaling report is missing or malformed."""
+
+
+def _number(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def read_report(path: Path, ranks: list[int], rtol: float) -> dict[int, dict[str, float]]:
+    """The report's entries by world size, checked for format and internal consistency."""
+    if not path.is_file():
+        raise ReportError(
+            f"no scaling report at {path.name}: run your scaling study at {ranks} ranks and save its JSON there"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise ReportError(f"the scaling report {path.name} is not valid JSON") from None
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if not isinstance(runs, list):
+        raise ReportError(f"the scaling report {path.name} has no 'runs' list")
+    table: dict[int, dict[str, float]] = {}
+    for entry in runs:
+        if isinstance(entry, dict) and isinstance(entry.get("ranks"), int):
+            table[entry["ranks"]] = entry
+    for n in ranks:
+        entry = table.get(n)
+        if entry is None:
+            raise ReportError(f"the scaling report has no entry for {n} ranks")
+        bad = [k for k in ("throughput", "speedup", "efficiency") if not _number(entry.get(k))]
+        if bad:
+            raise ReportError(
+                f"the scaling report's entry for {n} ranks has no valid {bad[0]!r} (a number > 0)"
+            )
+    base = table[ranks[0]]["throughput"]
+    for n in ranks:
+        e = table[n]
+        if not math.isclose(e["speedup"], e["throughput"] / base, rel_tol=rtol):
+            raise ReportError(
+                f"the scaling report's speedup at {n} ranks is {e['speedup']}, its throughputs give {e['throughput'] / base:.3f}"
+            )
+        if not math.isclose(e["efficiency"], e["speedup"] / n * ranks[0], rel_tol=rtol):
+            raise ReportError(
+                f"the scaling report's efficiency at {n} ranks is {e['efficiency']}, speedup / ranks gives {e['speedup'] / n:.3f}"
+            )
+    return {n: table[n] for n in ranks}
+
+
+def scaling_study(
+    criterion: Criterion, spec: ProjectSpec, work: Path, timeout_s: float
+) -> tuple[CriterionResult, dict[int, dict[str, float]] | None]:
+    """Check the report, rerun every world size back to back (so the machine's load drifts least), compare."""
+    ranks = [int(n) for n in criterion.params.get("ranks", [1, 2, 4])]
+    factor = float(criterion.params.get("speedup_factor", 3.0))
+    rtol = float(criterion.params.get("consistency_rtol", 0.02))
+    try:
+        report = read_report(spec.root / spec.scaling, ranks, rtol)
+    except ReportError as exc:
+        return CriterionResult(criterion, "fail", f"{exc}; nothing was rerun"), None
+    measured: dict[str, Any] = {"reported_speedup": {n: report[n]["speedup"] for n in ranks}}
+    results = {}
+    for n in ranks:
+        res = run(spec, n, work / f"scaling-{n}", timeout_s)
+        if not res.ok:
+            return CriterionResult(
+                criterion, "error", f"could not rerun the study: {res.failure()}", measured
+            ), report
+        results[n] = res.mean("throughput")
+    speedups = {n: results[n] / results[ranks[0]] for n in ranks}
+    measured["measured_throughput"] = {n: round(t, 2) for n, t in results.items()}
+    measured["measured_speedup"] = {n: round(s, 3) for n, s in speedups.items()}
+    off = [n for n in ranks if not (1 / factor <= speedups[n] / report[n]["speedup"] <= factor)]
+    pairs = ", ".join(f"{n}: {report[n]['speedup']:.2f} vs {speedups[n]:.2f}" for n in ranks)
+    if off:
+        return CriterionResult(
+            criterion,
+            "fail",
+            f"reported vs measured speedup differ by more than {factor:g}x at {off} ranks ({pairs})",
+            measured,
+        ), report
+    return CriterionResult(
+        criterion, "pass", f"speedups reported vs measured within {factor:g}x ({pairs})", measured
+    ), report

@@ -1,0 +1,234 @@
+"""``ddtk project check``: the reference solution scores full marks, the starter and broken
+submissions fail the right criteria with clear messages, and no process outlives a check.
+
+One full check of the reference (module-scoped, through the CLI); the starter runs
+with a short timeout; broken submissions use a rubric of the two basic criteria so
+each costs at most one short launch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from ddtk.cli import main
+from ddtk.project.check import check_project
+from ddtk.project.designdoc import design_doc
+from ddtk.project.rubric import load_rubric
+from ddtk.project.scaling import ReportError, read_report
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTION = ROOT / "solutions" / "project"
+STARTER = ROOT / "project" / "starter"
+AUTOMATIC = [
+    "files-and-manifest",
+    "runs-on-N-ranks",
+    "survives-sigkill",
+    "scaling-study",
+    "design-doc",
+]
+
+pytestmark = pytest.mark.slow
+
+
+def _statuses(result) -> dict[str, str]:
+    return {r.criterion.id: r.status for r in result.results}
+
+
+def _no_process_under(path: Path) -> None:
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        text = " ".join(proc.info.get("cmdline") or []) + " " + str(proc.info.get("cwd") or "")
+        assert str(path) not in text, f"process {proc.pid} of the check is still running: {text}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[int, dict]:
+    out = tmp_path_factory.mktemp("reference") / "results.json"
+    code = main(["project", "check", str(SOLUTION), "--json", str(out)])
+    return code, json.loads(out.read_text())
+
+
+def test_reference_earns_every_automatic_point(reference):
+    code, data = reference
+    by_id = {c["id"]: c for c in data["criteria"]}
+    failed = {i: by_id[i]["message"] for i in AUTOMATIC if by_id[i]["status"] != "pass"}
+    assert not failed, failed
+    assert code == 0 and data["passed"] is True
+    assert data["earned"] == data["automatic_points"] == 70 and data["total_points"] == 100
+    kill = by_id["survives-sigkill"]["measured"]
+    assert kill["resumed_at"] >= kill["committed_before_kill"] >= 10 and kill["final_step"] == 60
+    assert set(by_id["scaling-study"]["measured"]["measured_speedup"]) == {"1", "2", "4"}
+    manual = [c for c in data["criteria"] if c["kind"] == "manual"]
+    assert manual and all(c["status"] == "manual" and c["earned"] is None for c in manual)
+    for c in data["criteria"]:
+        assert set(c) == {"id", "kind", "points", "earned", "status", "message", "measured"}
+    _no_process_under(SOLUTION)
+
+
+def test_starter_passes_the_manifest_and_fails_the_rest():
+    result = check_project(STARTER, load_rubric(), timeout_s=45)
+    status = _statuses(result)
+    messages = {r.criterion.id: r.message for r in result.results}
+    assert status["files-and-manifest"] == "pass"
+    assert status["runs-on-N-ranks"] == "fail" and "world_size 1" in messages["runs-on-N-ranks"]
+    assert (
+        status["survives-sigkill"] == "fail"
+        and "no checkpoint was committed" in messages["survives-sigkill"]
+    )
+    assert status["scaling-study"] == "fail" and "no scaling report" in messages["scaling-study"]
+    assert status["design-doc"] == "fail" and "placeholder" in messages["design-doc"]
+    assert result.exit_code == 1 and result.earned == 10
+    _no_process_under(STARTER)
+
+
+def _basic_rubric(tmp_path: Path) -> Path:
+    data = yaml.safe_load((ROOT / "project" / "rubric.yaml").read_text())
+    data["criteria"] = [
+        c for c in data["criteria"] if c["id"] in ("files-and-manifest", "runs-on-N-ranks")
+    ]
+    path = tmp_path / "rubric.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _submission(tmp_path: Path, entry_code: str) -> Path:
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    shutil.copy(SOLUTION / "project.yaml", sub / "project.yaml")
+    shutil.copy(STARTER / "DESIGN.md", sub / "DESIGN.md")
+    (sub / "train.py").write_text(entry_code)
+    return sub
+
+
+def _cli(tmp_path: Path, sub: Path, *extra: str) -> tuple[int, dict]:
+    out = tmp_path / "results.json"
+    code = main(
+        [
+            "project",
+            "check",
+            str(sub),
+            "--json",
+            str(out),
+            "--rubric",
+            str(_basic_rubric(tmp_path)),
+            *extra,
+        ]
+    )
+    return code, {c["id"]: c for c in json.loads(out.read_text())["criteria"]}
+
+
+def test_crashing_entry_point_is_a_clear_failure(tmp_path, capsys):
+    sub = _submission(tmp_path, "raise SystemExit('boom: the model is missing')\n")
+    code, by_id = _cli(tmp_path, sub, "--timeout", "40")
+    run = by_id["runs-on-N-ranks"]
+    assert code == 1 and run["status"] == "fail" and run["earned"] == 0
+    assert "exited with status 1" in run["message"] and "boom" in run["message"]
+    assert "Traceback" not in capsys.readouterr().err
+    _no_process_under(sub)
+
+
+def test_hanging_entry_point_is_killed_at_the_timeout(tmp_path):
+    sub = _submission(tmp_path, "import time\ntime.sleep(600)\n")
+    code, by_id = _cli(tmp_path, sub, "--timeout", "6")
+    run = by_id["runs-on-N-ranks"]
+    assert code == 1 and run["status"] == "error"
+    assert "did not finish within" in run["message"] and "killed" in run["message"]
+    _no_process_under(sub)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            lambda sub: (sub / "DESIGN.md").unlink(),
+            "declared file missing: reports.design DESIGN.md",
+        ),
+        (lambda sub: (sub / "project.yaml").unlink(), "no project.yaml in"),
+        (
+            lambda sub: (sub / "project.yaml").write_text("name: x\ncheck: [unclosed\n"),
+            "project.yaml is not valid YAML at line",
+        ),
+        (
+            lambda sub: (sub / "project.yaml").write_text("just some text\n"),
+            "project.yaml must be a mapping, got str",
+        ),
+        (
+            lambda sub: (sub / "project.yaml").write_text(
+                (SOLUTION / "project.yaml").read_text().replace("steps: 60", "steps: sixty")
+            ),
+            "project.yaml: check.steps must be an integer >= 1, got 'sixty'",
+        ),
+    ],
+    ids=["missing-file", "no-manifest", "not-yaml", "not-a-mapping", "bad-field"],
+)
+def test_broken_manifest_fails_it_and_blocks_the_rest(tmp_path, change, expected):
+    sub = _submission(tmp_path, "print('never run')\n")
+    change(sub)
+    result = check_project(sub, load_rubric())
+    status = _statuses(result)
+    first = result.results[0]
+    assert first.criterion.id == "files-and-manifest" and first.status == "fail"
+    assert expected in first.message
+    blocked = [r for r in result.results if r.criterion.kind == "automatic" and r is not first]
+    assert blocked and all(
+        r.status == "error" and "files-and-manifest failed" in r.message for r in blocked
+    )
+    assert result.exit_code == 1 and status["code-quality"] == "manual"
+
+
+def test_usage_errors_exit_2(tmp_path, capsys):
+    assert main(["project", "check", str(tmp_path / "nowhere")]) == 2
+    assert main(["project", "check", str(tmp_path), "--timeout", "-1"]) == 2
+    assert main(["project", "check", str(tmp_path), "--rubric", str(tmp_path / "none.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "no such project folder" in err
+        and "--timeout must be" in err
+        and "cannot read the rubric" in err
+    )
+
+
+def test_design_doc_numbers_are_recomputed(tmp_path):
+    criterion = load_rubric().get("design-doc")
+    text = (SOLUTION / "DESIGN.md").read_text()
+    good = design_doc(criterion, SOLUTION / "DESIGN.md", 43136, {2: 0.8154, 4: 0.7841})
+    assert good.status == "pass", good.message
+    bad = tmp_path / "DESIGN.md"
+    bad.write_text(text.replace("young_interval_s: 56.19", "young_interval_s: 300"))
+    res = design_doc(criterion, bad, 43136, None)
+    assert (
+        res.status == "fail"
+        and "young_interval_s is 300, sqrt(2 x checkpoint_cost_s x mtbf_s) = 56.19" in res.message
+    )
+    res = design_doc(criterion, SOLUTION / "DESIGN.md", 999, {2: 1.9, 4: 0.7841})
+    assert (
+        "parameters is 43136, the run reported 999" in res.message
+        and "speedup_2 is 0.8154" in res.message
+    )
+    bad.write_text(text.replace("## At 64 GPUs", "## Later"))
+    assert "lacks the section(s) '## At 64 GPUs'" in design_doc(criterion, bad, None, None).message
+
+
+def test_scaling_report_must_be_self_consistent(tmp_path):
+    path = tmp_path / "scaling.json"
+    runs = [
+        {"ranks": n, "throughput": 100.0 * n, "speedup": float(n), "efficiency": 1.0}
+        for n in (1, 2, 4)
+    ]
+    path.write_text(json.dumps({"runs": runs}))
+    assert set(read_report(path, [1, 2, 4], 0.02)) == {1, 2, 4}
+    runs[2]["speedup"] = 3.0
+    path.write_text(json.dumps({"runs": runs}))
+    with pytest.raises(
+        ReportError, match=re.escape("speedup at 4 ranks is 3.0, its throughputs give 4.000")
+    ):
+        read_report(path, [1, 2, 4], 0.02)
+    path.write_text(json.dumps({"runs": runs[:2]}))
+    with pytest.raises(ReportError, match="no entry for 4 ranks"):
+        read_report(path, [1, 2, 4], 0.02)
