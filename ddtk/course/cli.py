@@ -1,4 +1,4 @@
-"""``ddtk course run|build|check|strip|lab``: the notebook tools from the command line.
+"""``ddtk course run|build|check|strip|lab|grade``: the notebook tools from the command line.
 
 Each handler takes the parsed Namespace and returns the exit code: 0 when all is
 well, 1 when a notebook failed or a check found a problem, 2 for bad input. The
@@ -294,6 +294,72 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return lab.run(choices)
 
 
+# ---------------------------------------------------------------- grade
+
+
+def _lab_solution(name: str) -> Path:
+    """The solution notebook to grade against: a catalog lab (``lab01``) or a path."""
+    from ddtk.course import catalog
+    from ddtk.course.notebooks import NotebookError
+
+    path = Path(name)
+    if path.is_file():
+        return path
+    try:
+        entry = catalog.find(name)
+    except ValueError as exc:
+        raise NotebookError(f"{exc}; or give the path of a solution notebook") from None
+    if entry.kind != "lab" or not entry.exists:
+        raise NotebookError(f"{name!r} is not a lab of this checkout ({entry.path})")
+    return entry.file
+
+
+def cmd_grade(args: argparse.Namespace) -> int:
+    """Grade a class's lab notebooks; exit 0 if all passed, 1 if not, 2 on bad input."""
+    from ddtk.course import run
+    from ddtk.course.grading.classgrade import grade_lab
+    from ddtk.course.grading.report import summary_table, write_results
+    from ddtk.course.grading.submissions import find_submissions
+    from ddtk.course.notebooks import NotebookError
+
+    out, folder = Path(args.out), Path(args.submissions)
+    try:
+        lab = _lab_solution(args.lab)
+        parameters = run.parse_parameters(args.param or [])
+        run.check_kernel()
+        total = len(find_submissions(folder, (out,)))
+    except (NotebookError, OSError) as exc:
+        return _error(str(exc))
+    if not total:
+        return _error(f"no submissions (notebooks or student folders) in {folder}")
+    with _progress() as progress:
+        task = progress.add_task(f"grading {lab.stem}", total=total)
+
+        def on_start(students: list[str]) -> None:
+            progress.update(task, description=f"grading {lab.stem}: {', '.join(students)}")
+
+        def on_done(rows: list[Any]) -> None:
+            progress.advance(task, len(rows))
+            for r in rows:
+                progress.console.print(
+                    f"{r.status:>5} {r.student} {r.score}/{r.max_score} ({r.seconds:.1f} s)",
+                    markup=False,
+                )
+
+        try:
+            result = grade_lab(
+                lab, folder, parameters=parameters, jobs=args.jobs, timeout=args.timeout,
+                memory_mb=args.memory_limit, skip=(out,), on_start=on_start, on_done=on_done,
+            )  # fmt: skip
+        except (NotebookError, OSError) as exc:
+            return _error(str(exc))
+    write_results(result, out)
+    console = _console()
+    console.print(summary_table(result))
+    console.print(f"results: {out}/<student>/results.json, {out}/grades.csv, {out}/results.json")
+    return result.exit_code
+
+
 # ---------------------------------------------------------------- parser
 
 
@@ -313,6 +379,20 @@ def _positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError("the timeout must be positive")
     return value
+
+
+def _count(text: str, least: int = 0) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {least} or more, got {value}")
+    return value
+
+
+def _jobs(text: str) -> int:
+    return _count(text, least=1)
 
 
 def _port(text: str) -> int:
@@ -406,6 +486,39 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     _add_root(p)
     p.set_defaults(func=cmd_lab)
+
+    p = sub.add_parser("grade", help="grade a class's lab notebooks by running them")
+    p.add_argument("lab", metavar="LAB", help="lab short name (lab01) or solution notebook path")
+    p.add_argument(
+        "submissions",
+        metavar="SUBMISSIONS",
+        help="folder with one .ipynb per student, or one folder per student holding one",
+    )
+    p.add_argument("--out", default="lab-results", help="output folder (default: %(default)s)")
+    p.add_argument(
+        "--jobs", type=_jobs, default=1, help="notebooks run at once (default: %(default)s)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=900.0,
+        help="seconds allowed for a whole notebook (default: %(default)s)",
+    )
+    p.add_argument(
+        "--memory-limit",
+        type=_count,
+        default=8192,
+        metavar="MB",
+        help="address space each kernel process may map, MiB; 0: no limit (default: %(default)s)",
+    )
+    p.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a parameter of every notebook; VALUE is YAML",
+    )
+    p.set_defaults(func=cmd_grade)
     return course
 
 

@@ -45,14 +45,10 @@ ANSWER_SUFFIXES = (".yaml", ".yml", ".json")
 OUTPUT_NAMES = ("results.json", "grades.csv")
 
 
-@dataclass
-class ClassResult:
-    """Every student's result, in file order, and how long grading took."""
+class ClassTally:
+    """What a class's results add up to; any class with ``results`` (each with a ``status``)."""
 
-    quiz: Quiz
-    results: list[StudentResult] = field(default_factory=list)
-    seconds: float = 0.0
-    code_runs: int = 0
+    results: list[Any]
 
     @property
     def exit_code(self) -> int:
@@ -65,6 +61,16 @@ class ClassResult:
         for r in self.results:
             out[r.status] += 1
         return out
+
+
+@dataclass
+class ClassResult(ClassTally):
+    """Every student's result, in file order, and how long grading took."""
+
+    quiz: Quiz
+    results: list[StudentResult] = field(default_factory=list)
+    seconds: float = 0.0
+    code_runs: int = 0
 
 
 def collect_paths(paths: Iterable[str | Path], skip: Iterable[str | Path] = ()) -> list[Path]:

@@ -1,0 +1,166 @@
+"""Score one run: each check cell's outcome becomes the result of the exercises it covers.
+
+The exercises come from the solution notebook (:func:`lab_checks`): its ``# BEGIN
+SOLUTION <title>`` blocks, numbered as ``ddtk course build`` numbers them, each covered
+by the next check cell (:func:`ddtk.course.labcheck.plan`). A check cell's outcome is
+
+- ``pass``: it ran to the end;
+- ``fail``: it raised ``CheckFailed`` (or a bare ``AssertionError``); the message is the
+  check's, which says what was expected and what came back;
+- ``error``: it raised anything else (``NameError: ...``), or it never ran because the
+  run stopped before it (time limit, dead kernel).
+
+The score is the number of exercises whose check passed, out of all exercises. A
+student's status is ``pass`` when every exercise passed, ``fail`` otherwise, and
+``error`` when the notebook could not be graded (a bad file, a time-out, a dead kernel;
+checks that ran before the run stopped are still listed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ddtk.course.build import _stub_code
+from ddtk.course.labcheck import CHECK_TAG, plan
+
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
+
+    from ddtk.course.grading.sandbox import Execution
+
+_FAILURES = frozenset({"CheckFailed", "AssertionError"})
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """A check cell of the solution (by id) and the exercises ``(number, title)`` it covers."""
+
+    cell_id: str
+    exercises: tuple[tuple[int, str], ...]
+
+
+@dataclass(frozen=True)
+class ExerciseResult:
+    """One exercise of one student: ``pass``, ``fail`` or ``error``, with the check's message."""
+
+    number: int
+    title: str
+    status: str
+    message: str = ""
+
+
+@dataclass
+class StudentResult:
+    """One row of the class: the student's exercises, score and status, and why not graded."""
+
+    student: str
+    file: str
+    status: str
+    max_score: int
+    exercises: list[ExerciseResult] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    same_as: list[str] = field(default_factory=list)
+    executed: NotebookNode | None = field(default=None, repr=False)  # the run's notebook
+
+    @property
+    def score(self) -> int:
+        return sum(e.status == "pass" for e in self.exercises)
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.score / self.max_score if self.max_score else 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+
+def lab_checks(solution: NotebookNode, name: str = "<solution>") -> list[CheckSpec]:
+    """The check cells of ``solution`` and the exercises each covers, in order.
+
+    Raises :class:`~ddtk.course.notebooks.NotebookError` for a solution whose exercises
+    and checks do not pair up, or that has none.
+    """
+    from ddtk.course.notebooks import NotebookError
+
+    _stubs, covers = plan(solution, name)
+    numbered: dict[int, list[tuple[int, str]]] = {}
+    count = 0
+    for index, cell in enumerate(solution.cells):
+        if cell.get("cell_type") == "code":
+            _src, titles = _stub_code(cell.get("source", ""), name, index, count + 1)
+            numbered[index] = [(count + 1 + i, t) for i, t in enumerate(titles)]
+            count += len(titles)
+    specs = [
+        CheckSpec(solution.cells[i]["id"], tuple(e for x in covered for e in numbered[x]))
+        for i, covered in sorted(covers.items())
+    ]
+    if not specs:
+        raise NotebookError(f"{name}: no check cells (tagged '{CHECK_TAG}'): nothing to grade")
+    return specs
+
+
+def check_outcome(cell: NotebookNode, ran: bool, why_not: str | None) -> tuple[str, str]:
+    """``(status, message)`` of one executed check cell."""
+    if not ran:
+        return "error", f"not run: {why_not or 'the run stopped before this check'}"
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            ename, evalue = out.get("ename", "Error"), out.get("evalue", "")
+            if ename in _FAILURES:
+                return "fail", evalue
+            return "error", f"{ename}: {evalue}" if evalue else ename
+    return "pass", ""
+
+
+def exercise_results(specs: list[CheckSpec], run: Execution) -> list[ExerciseResult]:
+    """Every exercise's result from the executed notebook of ``run``."""
+    where = {c.get("id"): i for i, c in enumerate(run.notebook.cells)}
+    results = []
+    for spec in specs:
+        index = where.get(spec.cell_id)
+        if index is None:  # cannot happen after restoration; reported rather than hidden
+            status, message = "error", "the check cell is missing from the graded notebook"
+        else:
+            status, message = check_outcome(
+                run.notebook.cells[index], index in run.finished, run.reason
+            )
+        results += [ExerciseResult(n, t, status, message) for n, t in spec.exercises]
+    return results
+
+
+def score_run(
+    student: str, file: str, specs: list[CheckSpec], run: Execution, notes: list[str]
+) -> StudentResult:
+    """A student's row from a finished run."""
+    exercises = exercise_results(specs, run)
+    total = sum(len(s.exercises) for s in specs)
+    if run.status != "completed":
+        status, error = "error", run.reason
+    else:
+        status = "pass" if all(e.status == "pass" for e in exercises) else "fail"
+        error = None
+    return StudentResult(
+        student, file, status, total, exercises, run.seconds, error, list(notes), [], run.notebook
+    )
+
+
+def error_row(student: str, file: str, specs: list[CheckSpec], reason: str) -> StudentResult:
+    """A row for a submission that could not be graded at all."""
+    total = sum(len(s.exercises) for s in specs)
+    return StudentResult(student, file, "error", total, error=reason)
+
+
+__all__ = [
+    "CheckSpec",
+    "ExerciseResult",
+    "StudentResult",
+    "check_outcome",
+    "error_row",
+    "exercise_results",
+    "lab_checks",
+    "score_run",
+]
