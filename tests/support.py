@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import json
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +26,16 @@ def require_or_skip(name: str, reason: str) -> None:
             f"{name} is required here (DDTK_REQUIRE={os.environ['DDTK_REQUIRE']}) but {reason}"
         )
     pytest.skip(reason)
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for a child that a test interrupts: SIGINT back to its default action.
+
+    A test run started with SIGINT ignored (nohup, ``cmd &`` in a script) passes SIG_IGN
+    through exec, and Python then installs no KeyboardInterrupt handler in the child;
+    with SIG_DFL at exec, Python installs it, so the child reacts to Ctrl-C as in a terminal.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def import_or_require(module: str, name: str) -> ModuleType:

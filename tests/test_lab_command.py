@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support import default_sigint
 
 from ddtk.course import lab
 from ddtk.course.cli import main as course_main
@@ -238,8 +239,15 @@ def _assert_all_gone(family: list[psutil.Process]) -> None:
 @contextlib.contextmanager
 def _server(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
+        # SIGINT at its default whatever this run inherited, so the Ctrl-C test is real.
         proc = subprocess.Popen(
-            argv, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=default_sigint,
         )
         try:
             yield proc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import time
 import psutil
 import pytest
 import torch
+from support import default_sigint
 
 import ddtk
 from ddtk import RankError
@@ -166,16 +168,31 @@ def test_ctrl_c_stops_every_rank(tmp_path) -> None:
         ddtk.launch(work, 3, timeout=600)
     """)
     )
+    # SIGINT at its default in the child whatever this run inherited (nohup, `&`): see support.
     proc = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=default_sigint,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (not pids.exists() or len(pids.read_text().split()) < 3):
-        time.sleep(0.2)
-    rank_pids = [int(p) for p in pids.read_text().split()]
-    assert len(rank_pids) == 3
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            not pids.exists() or len(pids.read_text().split()) < 3
+        ):
+            time.sleep(0.2)
+        rank_pids = [int(p) for p in pids.read_text().split()]
+        assert len(rank_pids) == 3
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # the interrupt did not stop it: leave nothing behind
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            for pid in map(int, pids.read_text().split() if pids.exists() else []):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
     assert proc.returncode != 0 and b"KeyboardInterrupt" in err
     time.sleep(0.5)
     assert not [

@@ -86,17 +86,43 @@ def _argvs(node: Any) -> Iterator[list[str]]:
             yield from _argvs(value)
 
 
+LAUNCHERS = {"torch.distributed.run"}  # `python -m torch.distributed.run [flags] -m MODULE ...`
+
+
+def _modules_of(argv: list[str]) -> Iterator[tuple[str, list[str]]]:
+    """``(module, arguments)`` of a ``python -m`` or ``torchrun`` command line.
+
+    A launcher module (torchrun) yields itself with its arguments, then the module it
+    starts with the arguments that module receives.
+    """
+    if not argv or "-m" not in argv[:-1]:
+        return
+    name = Path(argv[0]).name
+    if name == "torchrun":
+        rest = argv[1:]
+        launcher = "torch.distributed.run"
+    elif name.startswith("python"):
+        at = argv.index("-m")
+        launcher, rest = argv[at + 1], argv[at + 2 :]
+        if launcher not in LAUNCHERS:
+            yield launcher, rest
+            return
+    else:
+        return
+    yield launcher, rest
+    if "-m" in rest[:-1]:
+        at = rest.index("-m")
+        yield rest[at + 1], rest[at + 2 :]
+
+
 def _python_modules() -> list[tuple[str, str, list[str]]]:
     """``(file, module, arguments)`` for every ``python -m module ...`` in deploy/."""
     found = []
     for path in YAML_FILES:
         for doc in yaml.safe_load_all(path.read_text()):
             for argv in _argvs(doc):
-                if argv and Path(argv[0]).name.startswith("python") and "-m" in argv[:-1]:
-                    at = argv.index("-m")
-                    found.append(
-                        (path.relative_to(DEPLOY).as_posix(), argv[at + 1], argv[at + 2 :])
-                    )
+                for module, args in _modules_of(argv):
+                    found.append((path.relative_to(DEPLOY).as_posix(), module, args))
     return found
 
 
@@ -106,6 +132,24 @@ ENTRY_POINTS = _python_modules()
 def test_rayjob_entrypoint_is_found() -> None:
     modules = {(f, m) for f, m, _ in ENTRY_POINTS}
     assert ("kuberay/rayjob.yaml", "ddtk.examples.ray_digits") in modules
+
+
+def test_trainjob_runs_the_ddp_recipe_under_torchrun() -> None:
+    modules = {(f, m) for f, m, _ in ENTRY_POINTS}
+    assert ("kubeflow/ddp-trainjob.yaml", "torch.distributed.run") in modules
+    assert ("kubeflow/ddp-trainjob.yaml", "ddtk.examples.cnn_ddp") in modules
+    doc = yaml.safe_load((DEPLOY / "kubeflow" / "ddp-trainjob.yaml").read_text())
+    assert doc["spec"]["runtimeRef"]["name"] == "torch-distributed"
+
+
+def test_launcher_command_lines_are_unwrapped() -> None:
+    argv = ["torchrun", "--nnodes", "2", "-m", "pkg.job", "--epochs", "3"]
+    assert list(_modules_of(argv)) == [
+        ("torch.distributed.run", argv[1:]),
+        ("pkg.job", ["--epochs", "3"]),
+    ]
+    assert list(_modules_of(["python3", "-m", "pkg.job", "-x"])) == [("pkg.job", ["-x"])]
+    assert list(_modules_of(["horovodrun", "-np", "4", "python", "train.py"])) == []
 
 
 @pytest.mark.parametrize("where,module,args", ENTRY_POINTS, ids=lambda v: str(v)[:40])
