@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ddtk.frameworks import zero_memory
+from ddtk.frameworks.deepspeed_shm import PREFIX, SHM_DIR
 
 
 def test_covered_bytes_counts_views_once() -> None:
@@ -25,7 +26,9 @@ def test_config_partitions_small_parameters_in_stage_3() -> None:
 @pytest.mark.timeout(300)
 def test_deepspeed_stages_shard_what_the_paper_says() -> None:
     pytest.importorskip("deepspeed")
+    before = set(SHM_DIR.glob(f"{PREFIX}_*"))
     rows = {r["stage"]: r for r in zero_memory.run_zero_memory(stages=(1, 3), steps=2, echo=False)}
+    assert set(SHM_DIR.glob(f"{PREFIX}_*")) <= before  # DeepSpeed's CPU all-reduce segments removed
     n = rows[1]["parameters_count"]
     for r in rows.values():
         assert r["optimizer_state"] == pytest.approx(8 * n / 2, abs=16)  # Adam moments, halved

@@ -27,6 +27,7 @@ from torch import nn
 
 from ddtk.data import load_dataset, train_test_split
 from ddtk.examples.cnn_common import build_parser, evaluate, parse_checked, warmup_lr
+from ddtk.frameworks.deepspeed_shm import remove_shm_buffers
 from ddtk.models import build_model
 
 
@@ -34,7 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The shared command line (:func:`~ddtk.examples.cnn_common.build_parser`) and this recipe's flags."""
     p = build_parser(__doc__.splitlines()[0])
     p.add_argument("--zero-stage", type=int, default=1, choices=(0, 1, 2, 3))
-    p.add_argument("--local_rank", type=int, default=0, help=argparse.SUPPRESS)  # the deepspeed launcher's
+    p.add_argument(
+        "--local_rank", type=int, default=0, help=argparse.SUPPRESS
+    )  # the deepspeed launcher's
     return parse_checked(p, argv)
 
 
@@ -86,6 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
         with open(args.json, "w") as f:
             json.dump({**metrics, "world_size": size, **vars(args)}, f)
     dist.destroy_process_group()
+    remove_shm_buffers()  # DeepSpeed's CPU all-reduce segments, which it never unlinks
     return metrics
 
 

@@ -34,6 +34,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ddtk.frameworks.deepspeed_shm import remove_shm_buffers
+
 __all__ = ["covered_bytes", "ddtk_zero_rows", "ds_config", "main", "run_zero_memory"]
 
 
@@ -163,6 +165,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(json.dumps(r), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
+    # Leave together and take the process group down before the interpreter exits: a rank
+    # that exits with gloo's threads still running can abort ("terminate called without an
+    # active exception", SIGABRT), which torchrun reports as a failed job.
+    dist.barrier()
+    dist.destroy_process_group()
+    remove_shm_buffers()  # DeepSpeed's CPU all-reduce segments, which it never unlinks
     return rows
 
 
@@ -186,14 +194,18 @@ def ddtk_zero_rows(world_size: int = 2, stages: Iterable[int] = (0, 1, 2)) -> li
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(ds.x[idx]), ds.y[idx]).backward()
             opt.step()
-            grads = opt.gradient_bytes()  # the reduced gradient it keeps: full, or the stage-2 shard
+            grads = (
+                opt.gradient_bytes()
+            )  # the reduced gradient it keeps: full, or the stage-2 shard
             out.append({"framework": "ddtk ZeroOptimizer", "stage": stage, "world_size": ctx.world_size,
                         "parameters": opt.parameter_bytes(), "gradients": grads,
                         "optimizer_state": opt.state_bytes()})  # fmt: skip
             out[-1]["total"] = out[-1]["parameters"] + grads + out[-1]["optimizer_state"]
         return out
 
-    return ddtk.launch(job, world_size, args=(tuple(stages),), backend="gloo", echo=False, timeout=120)[0]
+    return ddtk.launch(
+        job, world_size, args=(tuple(stages),), backend="gloo", echo=False, timeout=120
+    )[0]
 
 
 def run_zero_memory(
