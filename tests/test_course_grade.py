@@ -18,6 +18,7 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
+from support import executed_text
 
 from ddtk.course.build import build_lab
 from ddtk.course.cli import main
@@ -285,19 +286,83 @@ def test_exit_codes_all_passed_and_usage_errors(tmp_path: Path, capsys) -> None:
 # built so that dedupe leaves as few distinct runs as possible. Tampering (a check
 # deleted, edited to `pass`, duplicated) on top of the solution or the stub restores to
 # that same notebook, and the partial solves only exercises whose checks use toy data,
-# so it costs about what the stub costs. Only lab04, whose solution runs fastest, gets
-# the solution in its class (solution, stub, partial: 3 runs); lab01 and lab03 get the
-# stub, a cheap partial and their tamperings (2 runs), lab02 the stub and its tamperings
-# (1 run). Every solution is proved to pass its checks by tests/test_labNN.py.
-# lab02's stub still trains and benchmarks the packaged Horovod job (those cells need
-# no exercise), so it runs with the smallest sizes its parameters allow.
+# so it costs about what the stub costs. Every class holds the solution. lab01's and
+# lab02's are graded with the parameters a cluster run would change (three Ray Train
+# workers; four Horovod ranks on two hosts), so their solution runs also prove that
+# those parameters change what the lab does: the graded solution's notebook and the
+# hand-in report it wrote are checked for it (_lab01_parameters, _lab02_parameters).
 
-REAL_LABS = {  # lab: (solution in the class, exercises solved in the partial or None, -p values)
-    "lab01": (False, (2,), {}),  # exercise 6's check also reads the measured Ray runs
-    "lab04": (True, (2,), {}),  # exercise 6's check runs fix() of exercise 5
-    "lab03": (False, (1,), {}),
-    "lab02": (False, None, {"scaling_processes": [1], "comm_epochs": 1, "bench_epochs": 2}),
+REAL_LABS = {  # lab: (exercises solved in the partial or None, -p values)
+    "lab01": (
+        (2,),
+        {
+            "num_workers": 3,
+            "epochs": 2,
+            "lr": 0.1,
+            "accuracy_threshold": 0.5,
+            "scaling_workers": [1, 3],
+            "scaling_epochs": 2,
+        },
+    ),
+    "lab04": ((2,), {}),  # exercise 6's check runs fix() of exercise 5
+    "lab03": ((1,), {}),
+    "lab02": (
+        None,
+        {
+            "np": 4,
+            "epochs": 8,
+            "accuracy_threshold": 0.5,
+            "comm_epochs": 2,
+            "scaling_processes": [1, 2],
+            "bench_epochs": 3,
+        },
+    ),
 }
+
+
+def _lab01_parameters(out: Path, since: float) -> None:
+    """Three workers and other epochs reached every part of lab 01's solution run."""
+    from support import assert_no_ray_daemons_left
+
+    assert_no_ray_daemons_left(since)
+    text = executed_text(out / "solution" / "lab01-ray-train.executed.ipynb")
+    assert "Exercise 3 passed: training loop" in text
+    assert "3 workers on nodes" in text
+    assert "Ray Train, 1 worker(s) on 1 node(s)" in text
+    assert "Ray Train, 3 worker(s): from part 2's run" in text  # part 2 ran 3 workers
+    assert "DDP, 3 rank(s)" in text
+    assert "Ray processes left: none" in text
+    report = (out / "solution" / "lab01-report.json").read_text()
+    assert '"num_workers": 3' in report
+
+
+def _lab02_parameters(out: Path, since: float) -> None:
+    """Four ranks on two hosts, and the smaller scaling list, reached lab 02's solution run."""
+    from test_lab02 import EXERCISES, assert_no_horovod_left
+
+    assert_no_horovod_left(since)
+    text = executed_text(out / "solution" / "lab02-horovod.executed.ipynb")
+    assert "horovodrun --gloo -np 4 -H localhost:2,127.0.0.1:2" in text
+    for number in range(1, EXERCISES + 1):
+        assert f"Exercise {number} passed" in text, number
+    assert "4 ranks on localhost:2,127.0.0.1:2: accuracy" in text
+    assert "horovod 2 process(es)" in text and "ddp 2 process(es)" in text
+    assert "horovod 4 process(es)" not in text  # scaling_processes=[1, 2] was honoured
+    assert "Horovod processes left: none" in text
+    assert "ports this kernel opened and still listens on: none" in text
+    report = json.loads((out / "solution" / "lab02-report.json").read_text())
+    assert report["parameters"]["np"] == 4
+    placement = report["part1"]["placement"]
+    assert [(p["host"], p["local_rank"], p["cross_rank"]) for p in placement] == [
+        ("localhost", 0, 0), ("localhost", 1, 0), ("127.0.0.1", 0, 1), ("127.0.0.1", 1, 1),
+    ]  # fmt: skip
+    assert len(set(report["part2"]["params_fingerprints"])) == 1
+    assert report["part2"]["accuracy"] > 0.5
+    assert [row["processes"] for row in report["part4"]["table"]] == [1, 2]
+    assert (out / "solution" / "lab02-report.md").read_text().startswith("# Lab 02 report")
+
+
+PARAMETER_CHECKS = {"lab01": _lab01_parameters, "lab02": _lab02_parameters}
 
 
 def _partial(stub, solution, specs, solve: tuple[int, ...]):
@@ -317,7 +382,7 @@ def _partial(stub, solution, specs, solve: tuple[int, ...]):
     return nb
 
 
-def _real_class(lab: str, root: Path, with_solution: bool, solve) -> tuple[Path, dict[str, str]]:
+def _real_class(lab: str, root: Path, solve) -> tuple[Path, dict[str, str]]:
     """Write the class of ``lab``; return the folder and, per student, what it is built from."""
     from ddtk.course import catalog
     from ddtk.course.grading.score import lab_checks
@@ -342,7 +407,7 @@ def _real_class(lab: str, root: Path, with_solution: bool, solve) -> tuple[Path,
             nb.cells[index_of(nb, target) : index_of(nb, target)] = [dup, other]
         return nb
 
-    bases = {"stub": stub, "solution": solution} if with_solution else {"stub": stub}
+    bases = {"stub": stub, "solution": solution}
     for name, base in bases.items():
         write(base, subs / f"{name}.ipynb")
         kinds[name] = name
@@ -383,11 +448,16 @@ def _real_class(lab: str, root: Path, with_solution: bool, solve) -> tuple[Path,
         pytest.param("lab02", marks=pytest.mark.horovod),
     ],
 )
-def test_a_generated_class_of_a_real_lab(lab: str, tmp_path: Path) -> None:
+def test_a_generated_class_of_a_real_lab(
+    lab: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     import time
 
-    with_solution, solve, params = REAL_LABS[lab]
-    subs, kinds = _real_class(lab, tmp_path, with_solution, solve)
+    if lab == "lab02":
+        request.getfixturevalue("horovodrun")  # Horovod built with Gloo, or a clear skip
+    since = time.time()
+    solve, params = REAL_LABS[lab]
+    subs, kinds = _real_class(lab, tmp_path, solve)
     assert len(kinds) >= 10
     out = tmp_path / "out"
     started = time.perf_counter()
@@ -398,7 +468,7 @@ def test_a_generated_class_of_a_real_lab(lab: str, tmp_path: Path) -> None:
     report = json.loads((out / "results.json").read_text())
     rows = {r["student"]: r for r in report["students"]}
     assert set(rows) == set(kinds)
-    assert report["executions"] == 1 + with_solution + (solve is not None)
+    assert report["executions"] == 2 + (solve is not None)
     for student, kind in kinds.items():
         row, marks = rows[student], [e["status"] for e in rows[student]["exercises"]]
         if kind == "error":
@@ -413,4 +483,9 @@ def test_a_generated_class_of_a_real_lab(lab: str, tmp_path: Path) -> None:
             assert passed == list(solve), row
     assert "not done yet" in rows["stub"]["exercises"][0]["message"]
     assert "another lab's notebook" in rows["other"]["error"]
+    # the hand-in the solution's run wrote is collected beside its results
+    handin = json.loads((out / "solution" / f"{lab}-report.json").read_text())
+    assert handin, handin
+    if lab in PARAMETER_CHECKS:
+        PARAMETER_CHECKS[lab](out, since)
     print(f"\n{lab}: {len(kinds)} students, {report['executions']} runs, {seconds:.0f} s")

@@ -3,7 +3,8 @@
 ``OUT/<student>/results.json``
     the student's row: status, score, each exercise's outcome with the check's message,
     notes (restored cells, identical submissions), seconds; and, when the notebook ran,
-    ``OUT/<student>/<lab>.executed.ipynb``, the notebook as graded with its outputs.
+    ``OUT/<student>/<lab>.executed.ipynb``, the notebook as graded with its outputs, and
+    the hand-in files the run wrote (``labNN-report.md`` and ``labNN-report.json``).
 ``OUT/grades.csv``
     one row per student, the columns of ``ddtk quiz grade``'s plus ``same_as``.
 ``OUT/results.json``
@@ -105,6 +106,9 @@ def write_results(result: ClassResult, out_dir: Path) -> list[Path]:
             executed = folder / f"{result.lab}.executed.ipynb"
             write_text(executed, dumps_notebook(r.executed), durable=False)
             written.append(executed)
+        for name, data in r.handin.items():  # the hand-in report the run wrote
+            write_text(folder / name, data.decode("utf-8", "replace"), durable=False)
+            written.append(folder / name)
     for name, text in (
         ("grades.csv", grades_csv_text(result)),
         ("results.json", json.dumps(class_dict(result), indent=2, ensure_ascii=False) + "\n"),

@@ -14,7 +14,9 @@ Each run gets
   take what is left of it.
 
 Cells run in order and a failing cell does not stop the run (every check cell must get
-its turn). When the time is up, or the kernel dies, the run stops there. Afterwards
+its turn). When the time is up, or the kernel dies, the run stops there. The hand-in
+files the notebook wrote into its folder (``HANDIN``: ``labNN-report.md`` and ``.json``)
+are kept with the result. Afterwards
 every process of the run is killed: the kernel, its descendants, its session, and any
 process carrying the run's marker in its environment (``DDTK_GRADE_RUN``, inherited
 even by daemons that detach, such as Ray's), and the folder is deleted. It runs as the
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
     from nbformat import NotebookNode
 
 MARKER = "DDTK_GRADE_RUN"
+# What a lab hands in (its last cell writes them next to the notebook): kept from the run.
+HANDIN = ("*-report.md", "*-report.json")
+_HANDIN_MAX = 10 * 2**20  # bytes per file; a bigger one is left out, not read
 _LIMITS = Path(__file__).with_name("limits.py")
 _STARTUP_S = 60.0
 # nbclient logs a time-out or a dead kernel as an error; the run's result says so instead.
@@ -64,6 +69,7 @@ class Execution:
     seconds: float
     reason: str | None = None
     finished: set[int] = field(default_factory=set)
+    handin: dict[str, bytes] = field(default_factory=dict)  # files matching ``keep``
 
 
 def _kernel_manager_class(memory_mb: int) -> type:
@@ -119,6 +125,17 @@ def kill_run(token: str, kernel_pid: int | None = None, grace: float = 5.0) -> i
     return len(procs)
 
 
+def _collect(folder: Path, patterns: tuple[str, ...]) -> dict[str, bytes]:
+    """The files directly in ``folder`` that match ``patterns`` (name -> bytes), up to a size."""
+    found: dict[str, bytes] = {}
+    for pattern in patterns:
+        for path in sorted(folder.glob(pattern)):
+            with contextlib.suppress(OSError):
+                if path.is_file() and path.stat().st_size <= _HANDIN_MAX:
+                    found[path.name] = path.read_bytes()
+    return found
+
+
 def _kernel_pid(client: Any) -> int | None:
     process = getattr(getattr(client.km, "provisioner", None), "process", None)
     return getattr(process, "pid", None)
@@ -164,6 +181,7 @@ def execute(
     timeout: float = 900.0,
     memory_mb: int = 8192,
     kernel_name: str = "python3",
+    keep: tuple[str, ...] = HANDIN,
 ) -> Execution:
     """Run a copy of ``nb`` in a sandbox (see the module docstring) and return how it went."""
     import copy
@@ -207,9 +225,10 @@ def execute(
             run.status, run.reason = "no-kernel", f"the kernel did not start ({first[:160]})"
     finally:
         kill_run(token)  # whatever outlived the kernel's shutdown
+        run.handin = _collect(folder, keep)
         shutil.rmtree(folder, ignore_errors=True)
     run.seconds = time.monotonic() - started
     return run
 
 
-__all__ = ["MARKER", "Execution", "execute", "kill_run"]
+__all__ = ["HANDIN", "MARKER", "Execution", "execute", "kill_run"]

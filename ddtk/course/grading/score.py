@@ -64,6 +64,7 @@ class StudentResult:
     notes: list[str] = field(default_factory=list)
     same_as: list[str] = field(default_factory=list)
     executed: NotebookNode | None = field(default=None, repr=False)  # the run's notebook
+    handin: dict[str, bytes] = field(default_factory=dict, repr=False)  # the report it wrote
 
     @property
     def score(self) -> int:
@@ -144,8 +145,9 @@ def score_run(
         status = "pass" if all(e.status == "pass" for e in exercises) else "fail"
         error = None
     return StudentResult(
-        student, file, status, total, exercises, run.seconds, error, list(notes), [], run.notebook
-    )
+        student, file, status, total, exercises, run.seconds, error, list(notes), [], run.notebook,
+        dict(getattr(run, "handin", {})),
+    )  # fmt: skip
 
 
 def error_row(student: str, file: str, specs: list[CheckSpec], reason: str) -> StudentResult:
