@@ -27,6 +27,7 @@ __all__ = [
     "STEP_RE",
     "Checkpoint",
     "CheckpointNotFoundError",
+    "SavedAt",
     "UnsafeCheckpointError",
     "checkpoint_dirs",
     "step_dir",
@@ -45,13 +46,10 @@ class UnsafeCheckpointError(CheckpointError):
     """A checkpoint file holds pickled objects other than tensors and plain data; it was not run."""
 
 
-@dataclass
-class Checkpoint:
-    """A loaded checkpoint: where it was, its manifest and its state."""
+class SavedAt:
+    """The step and epoch of a loaded checkpoint, read from its ``manifest``."""
 
-    path: Path
     manifest: dict[str, Any]
-    state: CheckpointState
 
     @property
     def step(self) -> int:
@@ -62,6 +60,15 @@ class Checkpoint:
     def epoch(self) -> int | None:
         """The epoch it was saved at."""
         return self.manifest.get("epoch")
+
+
+@dataclass
+class Checkpoint(SavedAt):
+    """A loaded checkpoint: where it was, its manifest and its state."""
+
+    path: Path
+    manifest: dict[str, Any]
+    state: CheckpointState
 
 
 def step_dir(directory: str | os.PathLike[str], step: int) -> Path:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ddtk.checkpoint.atomic import CheckpointError
+from ddtk.checkpoint.layout import SavedAt
 
 __all__ = [
     "KIND",
@@ -121,7 +122,7 @@ class ShardedState:
 
 
 @dataclass
-class ShardedCheckpoint:
+class ShardedCheckpoint(SavedAt):
     """A sharded checkpoint as loaded by one rank of the new world (see the module example).
 
     ``flat`` holds this rank's requested pieces, ``per_rank`` is None when the
@@ -135,16 +136,6 @@ class ShardedCheckpoint:
     per_rank: dict[str, Any] | None
     meta: dict[str, Any]
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def step(self) -> int:
-        """The step it was saved at."""
-        return int(self.manifest["step"])
-
-    @property
-    def epoch(self) -> int | None:
-        """The epoch it was saved at."""
-        return self.manifest.get("epoch")
 
     @property
     def saved_world_size(self) -> int:
