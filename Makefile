@@ -6,6 +6,9 @@ STAMP  := $(VENV)/.ddtk-installed
 BUILD_DEPS := $(VENV)/.ddtk-build-deps
 EXTRAS ?= ray,course,dev,horovod,deepspeed,tensorflow,profiling
 PYTEST_ARGS ?=
+# pytest-xdist workers: tests that wait (subprocesses, sleeps, Ray's start) overlap with
+# tests that compute; the root conftest.py keeps Ray and the labs in one worker, in order
+TEST_JOBS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help lab test course horovod horovod-wheel debs browser venv lint bench lock clean
@@ -46,13 +49,15 @@ browser: debs
 lab: venv ## install everything and start JupyterLab on lecture 01 (root or not; URL printed)
 	$(BIN)/ddtk course lab
 
-test: ## run the whole test suite, notebooks and the browser test included
+test: ## run the whole test suite, notebooks and the browser test included (FRESH=1: no stored runs)
 	@# the Python install (network), the Horovod compile (CPU) and the Debian packages (disk) overlap
 	@$(MAKE) --no-print-directory -j3 venv horovod-wheel debs
 	@$(MAKE) --no-print-directory horovod
 	@# bytecode for every rank, kernel and worker process to load (PYTHONDONTWRITEBYTECODE=1 stops imports writing it)
 	$(BIN)/python -m compileall -q -j 0 ddtk tests >/dev/null
-	DDTK_REQUIRE=horovod,browser,shellcheck,netns,iperf3 $(BIN)/python -m pytest tests course --nbval-lax --durations=25 $(PYTEST_ARGS)
+	@# build/executed/ keeps executed notebooks by code, parameters and environment (ddtk/course/executions.py)
+	@if [ -n "$(FRESH)" ]; then rm -rf build/executed; fi
+	DDTK_REQUIRE=horovod,browser,shellcheck,netns,iperf3 $(BIN)/python -m pytest -n $(TEST_JOBS) tests course --nbval-lax --durations=25 $(PYTEST_ARGS)
 
 course: venv ## execute every notebook headless into build/executed/
 	$(BIN)/ddtk course run

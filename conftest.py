@@ -1,17 +1,25 @@
-"""Session-wide guard: no Ray cluster may outlive the test run, notebooks under nbval included.
+"""Session-wide hooks: no Ray cluster may outlive the test run, and the run's timings are kept.
 
 Each notebook shuts down the Ray cluster it started, and the lab tests check that
 themselves (tests/support.py). Notebooks that ``pytest --nbval-lax course`` runs
 cell by cell have no test of their own after their last cell, so this hook checks
 once at the end: a ``raylet`` or ``gcs_server`` started during the session and still
 alive 30 s after the last test fails the run, and is killed.
+
+Every run also writes ``build/test-times.json``: the suite's wall-clock total, the
+outcome counts and the 25 slowest tests (setup, call and teardown together), so that a
+slower suite shows in the next comparison (``DDTK_TEST_TIMES`` names another file).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import platform
 import sys
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
@@ -20,9 +28,83 @@ sys.path.insert(0, str(Path(__file__).parent / "tests"))
 from support import ray_daemons
 
 _STARTED = time.time()
+_ROOT = Path(__file__).resolve().parent
+_SLOWEST = 25
+_durations: defaultdict[str, float] = defaultdict(float)
+_outcomes: dict[str, str] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add up each test's phases; count each test once: failed, else skipped, else passed."""
+    _durations[report.nodeid] += report.duration
+    if report.failed:
+        _outcomes[report.nodeid] = "failed"
+    elif report.skipped and _outcomes.get(report.nodeid) != "failed":
+        _outcomes[report.nodeid] = "skipped"
+    elif report.when == "call":
+        _outcomes.setdefault(report.nodeid, "passed")
+
+
+def write_test_times(path: Path, total_s: float, exitstatus: int) -> dict:
+    """Write the timing report of this run to ``path`` and return it."""
+    counts = Counter(_outcomes.values())
+    slowest = sorted(_durations.items(), key=lambda kv: kv[1], reverse=True)[:_SLOWEST]
+    report = {
+        "total_s": round(total_s, 1),
+        "exit_status": int(exitstatus),
+        "tests": len(_durations),
+        "outcomes": dict(sorted(counts.items())),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(),
+        },
+        "slowest": [{"test": t, "seconds": round(s, 1)} for t, s in slowest],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+# Under ``pytest -n 2`` (make test), each group of tests runs on one worker, in
+# collection order. Everything that starts Ray, and the labs with their graded classes,
+# is one group: two Ray clusters at once would share /tmp/ray's session link and compete
+# for 2 cores, and a lab's test reads the runs its class stores (tests/test_labNN.py).
+# Every other file is a group of its own, so a module-scoped fixture is built once and a
+# notebook under nbval keeps its cells in one kernel, in order. (xdist's own loadgroup
+# cannot be used: it renames node ids through an attribute pytest 9 no longer reads.)
+SERIAL_GROUP = "ray-and-labs"
+SERIAL_FILES = frozenset({
+    "tests/test_course_grade.py", "tests/test_lab01.py", "tests/test_lab02.py",
+    "tests/test_lab03.py", "tests/test_lab04.py", "tests/test_notebooks.py",
+    "tests/test_recovery_ray.py", "course/02-ray.ipynb", "course/06-fault-tolerance.ipynb",
+})  # fmt: skip
+
+
+def xdist_group(nodeid: str) -> str:
+    """The group of the test ``nodeid``: the serial group, or its own file."""
+    path = nodeid.split("::", 1)[0]
+    return SERIAL_GROUP if path in SERIAL_FILES else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scope scheduler, with :func:`xdist_group` as the scope of each test."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return GroupScheduling(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller reports and checks once, after all of them
+    target = Path(os.environ.get("DDTK_TEST_TIMES") or _ROOT / "build" / "test-times.json")
+    write_test_times(target, time.time() - _STARTED, exitstatus)
     deadline = time.monotonic() + 30.0
     left = ray_daemons(_STARTED)
     while left and time.monotonic() < deadline:

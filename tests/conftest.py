@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -55,3 +56,18 @@ def horovodrun() -> Path:
     if not path.is_file():
         require_or_skip("horovod", f"{path} does not exist: run `make horovod`")
     return path
+
+
+@pytest.fixture(scope="session")
+def execution_cache():
+    """The store of executed notebooks that every test of the session shares.
+
+    A lab's own test and its graded class need the same sandboxed runs (the solution,
+    the stub): whichever comes first executes them, the other reads them back
+    (:mod:`ddtk.course.executions`). It lives in build/executed/ unless DDTK_EXECUTED
+    names another folder; ``make test FRESH=1`` empties it first.
+    """
+    from ddtk.course.executions import ExecutionCache
+
+    root = os.environ.get("DDTK_EXECUTED") or Path(__file__).resolve().parents[1] / "build" / "executed"
+    return ExecutionCache(root)

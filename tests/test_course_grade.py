@@ -449,7 +449,7 @@ def _real_class(lab: str, root: Path, solve) -> tuple[Path, dict[str, str]]:
     ],
 )
 def test_a_generated_class_of_a_real_lab(
-    lab: str, tmp_path: Path, request: pytest.FixtureRequest
+    lab: str, tmp_path: Path, request: pytest.FixtureRequest, execution_cache
 ) -> None:
     import time
 
@@ -462,7 +462,11 @@ def test_a_generated_class_of_a_real_lab(
     out = tmp_path / "out"
     started = time.perf_counter()
     args = [f"{k}={json.dumps(v)}" for k, v in params.items()]
-    code = main(["grade", lab, str(subs), "--out", str(out), *(a for p in args for a in ("-p", p))])
+    # --cache: the solution's and the stub's runs are those tests/test_labNN.py needs too
+    # (with the same parameters and limits); whichever test comes first executes them.
+    cache = ["--cache", str(execution_cache.root)]
+    code = main(["grade", lab, str(subs), "--out", str(out), *cache,
+                 *(a for p in args for a in ("-p", p))])  # fmt: skip
     seconds = time.perf_counter() - started
     assert code == 1  # the stub fails
     report = json.loads((out / "results.json").read_text())

@@ -1,11 +1,10 @@
 """Lab 01 (Ray Train): every check fails on its stub and passes on the solution.
 
-The test runs the solution notebook once, at its laptop defaults but for part
-4's scaling runs (1 and 2 workers; the second test covers 3), in one kernel: before
-each check cell it runs the stub that ``ddtk course build`` writes for the exercises
-that check covers, and the check must fail with a teaching ``CheckFailed``; then the solution and the check again, which must pass
-(:func:`ddtk.course.labcheck.verify_lab_checks`), then requires that no raylet or GCS
-server is left. The run with three Ray Train workers and other epochs, as a cluster run
+:func:`ddtk.course.labverify.verify_lab_checks` proves it from the solution's whole
+run at its laptop defaults but for part 4's scaling runs (1 and 2 workers), each check
+tried on its own on the stub and on the answer, and the stub's whole run (the graded
+class's) for the checks that need the cells before them; then no raylet or GCS server
+may be left. The run with three Ray Train workers and other epochs, as a cluster run
 would change them, is the solution's run in lab 01's graded class
 (``tests/test_course_grade.py``).
 """
@@ -18,7 +17,7 @@ import pytest
 from support import assert_no_ray_daemons_left, import_or_require
 
 from ddtk.course import catalog
-from ddtk.course.labcheck import verify_lab_checks
+from ddtk.course.labverify import verify_lab_checks
 
 pytestmark = [pytest.mark.notebook, pytest.mark.ray, pytest.mark.slow]
 EXERCISES = 7
@@ -29,13 +28,18 @@ def _ray() -> None:
     import_or_require("ray", "ray")
 
 
-def test_every_check_fails_on_the_stub_and_passes_on_the_solution(tmp_path) -> None:
+def test_every_check_fails_on_the_stub_and_passes_on_the_solution(execution_cache) -> None:
+    from test_course_grade import REAL_LABS
+
     since = time.time()
     nb = catalog.find("lab01").file
     # Part 4 at 1 and 2 workers (2 comes from part 2's run): three workers, in part 2 and in
     # part 4, are the solution's run in tests/test_course_grade.py, so it is not repeated here.
-    params = {"report_dir": str(tmp_path), "scaling_workers": [1, 2]}
-    report = verify_lab_checks(nb, params, cell_timeout=600)
+    # The stub's whole run is the class's, with its parameters (a stub fails the same way).
+    report = verify_lab_checks(
+        nb, {"scaling_workers": [1, 2]}, cache=execution_cache,
+        stub=nb.parents[1] / "labs" / nb.name, stub_parameters=REAL_LABS["lab01"][1],
+    )  # fmt: skip
     assert_no_ray_daemons_left(since)
     assert report.ok, report.describe()
     assert len(report.outcomes) == EXERCISES, report.describe()

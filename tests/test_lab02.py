@@ -1,11 +1,9 @@
 """Lab 02 (Horovod): every check fails on its stub and passes on the solution; its helpers.
 
-The first test runs the solution notebook once, at its laptop defaults, in one
-kernel: before each check cell it runs the stub that ``ddtk course build`` writes
-for the exercises that check covers, and the check must fail with a teaching
-``CheckFailed``; then the solution and the check again, which must pass
-(:func:`ddtk.course.labcheck.verify_lab_checks`), then requires that no Horovod
-launcher, rank or torchrun is left running. The run with four Horovod ranks over two
+The first test proves it with :func:`ddtk.course.labverify.verify_lab_checks`: the
+solution's whole run at its laptop defaults, each check tried on its own on the stub
+and on the answer, and the stub's whole run (the graded class's) for the checks that
+need the cells before them; then no Horovod launcher, rank or torchrun may be left. The run with four Horovod ranks over two
 host names and other epochs and process counts, as a cluster run would change them, is
 the solution's run in lab 02's graded class (``tests/test_course_grade.py``), which
 uses :func:`assert_no_horovod_left` from here.
@@ -21,7 +19,7 @@ import pytest
 from support import assert_none_left
 
 from ddtk.course import catalog
-from ddtk.course.labcheck import verify_lab_checks
+from ddtk.course.labverify import verify_lab_checks
 
 pytestmark = [pytest.mark.notebook, pytest.mark.horovod, pytest.mark.slow]
 EXERCISES = 9
@@ -58,11 +56,18 @@ def assert_no_horovod_left(since: float, grace: float = 20.0) -> None:
 
 
 def test_every_check_fails_on_the_stub_and_passes_on_the_solution(
-    tmp_path: Path, horovodrun: Path
+    horovodrun: Path, execution_cache
 ) -> None:
+    from test_course_grade import REAL_LABS
+
     since = time.time()
     nb = catalog.find("lab02").file
-    report = verify_lab_checks(nb, {"report_dir": str(tmp_path)}, cell_timeout=600)
+    # The stub's whole run is the graded class's (its parameters): where a stub fails
+    # does not depend on the rank count, and the class has already paid for it.
+    report = verify_lab_checks(
+        nb, cache=execution_cache, stub=nb.parents[1] / "labs" / nb.name,
+        stub_parameters=REAL_LABS["lab02"][1],
+    )  # fmt: skip
     assert_no_horovod_left(since)
     assert report.ok, report.describe()
     assert len(report.outcomes) == EXERCISES, report.describe()
@@ -71,5 +76,5 @@ def test_every_check_fails_on_the_stub_and_passes_on_the_solution(
         # Exercise 9's stub keeps the template text: its check names the blanks left.
         expected = "is not done yet" if number < EXERCISES else "blanks left"
         assert expected in outcome.stub_error, outcome
-    assert (tmp_path / "lab02-report.json").is_file()
+    assert "lab02-report.json" in report.solution_run.handin
     print(f"\n{report.describe()}")

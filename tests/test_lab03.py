@@ -1,10 +1,10 @@
 """Lab 03 (fault tolerance): every check fails on its stub and passes on the solution.
 
-One run of the solution notebook at its laptop defaults, in one kernel: before each
-check cell it runs the stub that ``ddtk course build`` writes for the exercises that
-check covers, and the check must fail with a teaching ``CheckFailed``; then the
-solution and the check again, which must pass
-(:func:`ddtk.course.labcheck.verify_lab_checks`). The run is the real one: part 1
+:func:`ddtk.course.labverify.verify_lab_checks` proves it from the solution's whole run
+at its laptop defaults, each check tried on its own on the stub and on the answer, and
+the stub's whole run for the checks that need the cells before them. Both whole runs
+are those of lab 03's graded class (``tests/test_course_grade.py``), shared through the
+session's execution cache. The solution's run is the real one: part 1
 SIGKILLs a training process three times, part 3 removes a Ray node, adds one back
 and kills a worker while an elastic ``TorchTrainer`` trains. Afterwards no raylet or
 GCS server of the run may be left, and the hand-in report must hold what the lab
@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 from support import assert_no_ray_daemons_left, import_or_require
 
 from ddtk.course import catalog
-from ddtk.course.labcheck import verify_lab_checks
+from ddtk.course.labverify import verify_lab_checks
 
 pytestmark = [pytest.mark.notebook, pytest.mark.ray, pytest.mark.slow]
 EXERCISES = 7
@@ -33,10 +32,10 @@ def _ray() -> None:
     import_or_require("ray", "ray")
 
 
-def test_every_check_fails_on_the_stub_and_passes_on_the_solution(tmp_path: Path) -> None:
+def test_every_check_fails_on_the_stub_and_passes_on_the_solution(execution_cache) -> None:
     since = time.time()
     nb = catalog.find("lab03").file
-    report = verify_lab_checks(nb, {"report_dir": str(tmp_path)}, cell_timeout=300)
+    report = verify_lab_checks(nb, cache=execution_cache, stub=nb.parents[1] / "labs" / nb.name)
     assert_no_ray_daemons_left(since)
     assert report.ok, report.describe()
     assert len(report.outcomes) == EXERCISES, report.describe()
@@ -44,7 +43,8 @@ def test_every_check_fails_on_the_stub_and_passes_on_the_solution(tmp_path: Path
         assert outcome.stub_error.startswith(f"CheckFailed: Exercise {number} ("), outcome
         assert "is not done yet" in outcome.stub_error, outcome
 
-    handed_in = json.loads((tmp_path / "lab03-report.json").read_text())
+    handin = report.solution_run.handin
+    handed_in = json.loads(handin["lab03-report.json"])
     part1 = handed_in["part1"]
     assert part1["kills"] == 3 and part1["bitwise_equal"] is True
     assert part1["young_s"] > 0 and part1["save_ms"] > 0
@@ -64,5 +64,5 @@ def test_every_check_fails_on_the_stub_and_passes_on_the_solution(tmp_path: Path
     assert set(part4["schedule_counts"]) == {"1", "2"}, part4
     assert all(part4["planted_faults_caught"].values()), part4
     assert part4["max_diff_same_schedule"] == 0.0 and part4["max_diff_fixed_world"] > 0.0
-    assert (tmp_path / "lab03-report.md").read_text().startswith("# Lab 03 report")
-    print(f"\n{report.describe()}\n{(tmp_path / 'lab03-report.md').read_text()}")
+    assert handin["lab03-report.md"].decode().startswith("# Lab 03 report")
+    print(f"\n{report.describe()}\n{handin['lab03-report.md'].decode()}")

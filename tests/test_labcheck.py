@@ -11,7 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ddtk.course.labcheck import plan, verify_lab_checks
+from ddtk.course.labcheck import plan
+from ddtk.course.labverify import verify_lab_checks
 from ddtk.course.notebooks import NotebookError
 
 pytestmark = pytest.mark.notebook
@@ -112,3 +113,75 @@ def test_uses_names_a_stub_before_the_check_starts_anything() -> None:
     with exercise(3, "ring sum", uses=(answer_ns["ring_sum"],)):
         started.append(True)
     assert started == [True]
+
+
+DATA_CHECK = (
+    "from ddtk.course.checks import exercise, expect\n"
+    "with exercise(1, 'ring sum', uses=(ring_sum,)):\n"
+    "    expect(ring_sum(data) == sum(data), 'ring_sum(data)', expected=sum(data), got=ring_sum(data))"
+)
+
+
+def test_a_check_on_a_defined_helper_is_tried_at_function_level(tmp_path: Path) -> None:
+    """The helper cell only defines, so the check runs on its own: no whole stub run."""
+    helper = "def make_data(k):\n    return list(range(k))\nSIZE = 6"
+    check = DATA_CHECK.replace("with exercise", "data = make_data(SIZE)\nwith exercise")
+    path = _notebook(tmp_path, (EXERCISE, []), (helper, []), (check, ["check"]))
+    report = verify_lab_checks(path)
+    assert report.ok, report.describe()
+    (outcome,) = report.outcomes
+    assert outcome.level == "function" and "is not done yet" in outcome.stub_error
+    assert report.stub_run is None and report.matrix_run is not None
+    ids = [c["id"] for c in report.matrix_run.notebook.cells]
+    assert sum(i.endswith("--stub") for i in ids) == sum(i.endswith("--answer") for i in ids) == 1
+
+
+def test_a_check_on_a_computed_result_is_proven_in_the_stub_s_whole_run(tmp_path: Path) -> None:
+    """A cell that computes for over a second is not run again: the stub's own run shows
+    the check failing, with the message that names its exercise."""
+    slow = "import time\ntime.sleep(1.2)\ndata = list(range(n))"
+    path = _notebook(tmp_path, (EXERCISE, []), (slow, []), (DATA_CHECK, ["check"]))
+    report = verify_lab_checks(path, {"n": 4})
+    assert report.ok, report.describe()
+    (outcome,) = report.outcomes
+    assert outcome.level == "notebook", report.describe()
+    assert outcome.stub_error.startswith("CheckFailed: Exercise 1 (ring sum) is not done yet")
+    assert report.stub_run is not None and report.matrix_run is None
+
+
+def test_which_cells_a_check_needs() -> None:
+    from ddtk.course.labverify import closure
+
+    nb = nbformat.v4.new_notebook()
+    sources = [
+        "import math\nn = 5",  # 0 set-up
+        EXERCISE,  # 1 exercise
+        "def helper(v):\n    return math.fsum(v)",  # 2 only defines
+        "data = [math.sqrt(i) for i in range(n)]",  # 3 computes
+        "print(ring_sum(data), helper(data))",  # 4 the check
+        "print(later)",  # 5 reads a name no cell before it binds
+    ]
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    stubs, _ = {1: "stub"}, None
+    assert closure(nb, 4, [1], stubs) is None  # cell 3 computes
+    assert closure(nb, 4, [1], stubs, cheap={3}) == [2, 3]  # ... unless it was quick
+    assert closure(nb, 5, [1], stubs) is None
+    nb.cells[4].source = "print(ring_sum([n]), helper([1.0]))"
+    assert closure(nb, 4, [1], stubs) == [2]
+
+
+def test_cell_names() -> None:
+    import doctest
+
+    from ddtk.course import cellnames
+
+    assert doctest.testmod(cellnames).failed == 0
+    assert cellnames.reads("%matplotlib inline\nplt.plot(xs)\ndisplay(fig)") == {"plt", "xs", "fig"}
+    assert cellnames.reads("for i in range(3):\n    total += i") == {"total"}
+    assert cellnames.binds("with open(p) as f:\n    text = f.read()\ndef g():\n    inner = 1") == {
+        "f", "text", "g",
+    }  # fmt: skip
+    assert cellnames.only_defines('"""doc"""\nK = -1\nNAMES = {"a": (1, 2)}\nclass C:\n    pass')
+    assert not cellnames.only_defines("K = compute()")
+    assert not cellnames.only_defines("print('hi')")
+    assert cellnames.parse("def broken(:") is None and cellnames.reads("def broken(:") == set()

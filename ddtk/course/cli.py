@@ -314,6 +314,15 @@ def _lab_solution(name: str) -> Path:
     return entry.file
 
 
+def _cache(folder: str | None) -> Any:
+    """The execution cache in ``folder``, or None when not asked for."""
+    if folder is None:
+        return None
+    from ddtk.course.executions import ExecutionCache
+
+    return ExecutionCache(folder)
+
+
 def cmd_grade(args: argparse.Namespace) -> int:
     """Grade a class's lab notebooks; exit 0 if all passed, 1 if not, 2 on bad input."""
     from ddtk.course import run
@@ -350,6 +359,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
             result = grade_lab(
                 lab, folder, parameters=parameters, jobs=args.jobs, timeout=args.timeout,
                 memory_mb=args.memory_limit, skip=(out,), on_start=on_start, on_done=on_done,
+                cache=_cache(args.cache),
             )  # fmt: skip
         except (NotebookError, OSError) as exc:
             return _error(str(exc))
@@ -517,6 +527,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="append",
         metavar="KEY=VALUE",
         help="override a parameter of every notebook; VALUE is YAML",
+    )
+    p.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="keep each run in DIR and reuse a stored run of the same code, limits and "
+        "environment (re-grading after a rubric fix; the tests use build/executed)",
     )
     p.set_defaults(func=cmd_grade)
     return course

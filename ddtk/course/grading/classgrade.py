@@ -31,6 +31,8 @@ from ddtk.quiz.classgrade import ClassTally
 if TYPE_CHECKING:
     from nbformat import NotebookNode
 
+    from ddtk.course.executions import ExecutionCache
+
 # Called with the students of a run when it starts, and with their rows when it ends.
 StartCallback = Callable[[list[str]], None]
 DoneCallback = Callable[[list[StudentResult]], None]
@@ -109,12 +111,14 @@ def grade_lab(
     skip: tuple[Path, ...] = (),
     on_start: StartCallback | None = None,
     on_done: DoneCallback | None = None,
+    cache: ExecutionCache | None = None,
 ) -> ClassResult:
     """Grade every submission in ``submissions`` against the solution notebook ``lab``.
 
     Raises :class:`~ddtk.course.notebooks.NotebookError` for an unusable solution and
     FileNotFoundError / NotADirectoryError for a missing submissions folder; everything
-    wrong with a submission is a row.
+    wrong with a submission is a row. With ``cache``, a notebook whose run is stored
+    there (same code, limits and environment) is not run again.
     """
     from ddtk.course.notebooks import read_notebook
 
@@ -130,7 +134,11 @@ def grade_lab(
     def grade_group(group: _Group) -> list[StudentResult]:
         if on_start is not None:
             on_start(group.students)
-        run = execute(group.notebook, name=lab.name, timeout=timeout, memory_mb=memory_mb)
+        limits = {"name": lab.name, "timeout": timeout, "memory_mb": memory_mb}
+        if cache is not None:
+            run = cache.sandboxed(group.notebook, **limits)
+        else:
+            run = execute(group.notebook, **limits)
         rows = _rows(group, specs, run)
         if on_done is not None:
             on_done(rows)
