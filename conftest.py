@@ -67,37 +67,12 @@ def write_test_times(path: Path, total_s: float, exitstatus: int) -> dict:
     return report
 
 
-# Under ``pytest -n 2`` (make test), each group of tests runs on one worker, in
-# collection order. Everything that starts Ray, and the labs with their graded classes,
-# is one group: two Ray clusters at once would share /tmp/ray's session link and compete
-# for 2 cores, and a lab's test reads the runs its class stores (tests/test_labNN.py).
-# Every other file is a group of its own, so a module-scoped fixture is built once and a
-# notebook under nbval keeps its cells in one kernel, in order. (xdist's own loadgroup
-# cannot be used: it renames node ids through an attribute pytest 9 no longer reads.)
-SERIAL_GROUP = "ray-and-labs"
-SERIAL_FILES = frozenset({
-    "tests/test_course_grade.py", "tests/test_lab01.py", "tests/test_lab02.py",
-    "tests/test_lab03.py", "tests/test_lab04.py", "tests/test_notebooks.py",
-    "tests/test_recovery_ray.py", "course/02-ray.ipynb", "course/06-fault-tolerance.ipynb",
-})  # fmt: skip
-
-
-def xdist_group(nodeid: str) -> str:
-    """The group of the test ``nodeid``: the serial group, or its own file."""
-    path = nodeid.split("::", 1)[0]
-    return SERIAL_GROUP if path in SERIAL_FILES else path
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """xdist's scope scheduler, with :func:`xdist_group` as the scope of each test."""
-    from xdist.scheduler import LoadScopeScheduling
+    """Workers take whole groups of tests: see tests/scheduling.py."""
+    from scheduling import scheduler
 
-    class GroupScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return xdist_group(nodeid)
-
-    return GroupScheduling(config, log)
+    return scheduler(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

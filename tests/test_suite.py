@@ -1,4 +1,4 @@
-"""The test suite's own machinery (the root conftest.py): worker groups and the timing report."""
+"""The test suite's own machinery: how xdist's workers share the tests, and the timing report."""
 
 from __future__ import annotations
 
@@ -8,8 +8,17 @@ import re
 from pathlib import Path
 
 import pytest
+from scheduling import (
+    EXCLUSIVE_FILES,
+    EXCLUSIVE_PREFIX,
+    LAB_GROUPS,
+    RAY_FILES,
+    RAY_GROUP,
+    group_of,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
+RAY = re.compile(r"pytest\.mark\.ray\b|import_or_require\(\"ray|import ray\b|ray\.init\(")
 
 
 def _root_conftest():
@@ -20,38 +29,39 @@ def _root_conftest():
     return module
 
 
-root = _root_conftest()
-
-
-def test_everything_that_starts_ray_runs_in_the_serial_group() -> None:
+def test_everything_that_starts_ray_runs_in_one_group() -> None:
     """Two Ray clusters at once would clash: each file that starts one is in one group."""
-    ray_users = {
+    users = {
         f"tests/{p.name}"
         for p in (ROOT / "tests").glob("test_*.py")
-        if p.name != Path(__file__).name
-        if re.search(r"pytest\.mark\.ray\b|import_or_require\(\"ray|import ray\b|ray\.init\(", p.read_text())
+        if p.name != Path(__file__).name and RAY.search(p.read_text())
     }
-    ray_users |= {
-        f"course/{p.name}"
-        for p in (ROOT / "course").glob("*.ipynb")
-        if re.search(r"import ray\b|ray\.init\(", p.read_text())
-    }
-    assert ray_users and ray_users <= root.SERIAL_FILES, sorted(ray_users - root.SERIAL_FILES)
-    for name in ("test_lab01.py", "test_lab02.py", "test_lab03.py", "test_lab04.py"):
-        assert root.xdist_group(f"tests/{name}::test_x") == root.SERIAL_GROUP  # with their classes
-    assert (ROOT / "tests" / "test_course_grade.py").is_file()
+    users |= {f"course/{p.name}" for p in (ROOT / "course").glob("*.ipynb") if RAY.search(p.read_text())}
+    assert users and {group_of(f"{u}::x") for u in users} == {RAY_GROUP}, sorted(users)
+    for path in (*RAY_FILES, *LAB_GROUPS, *EXCLUSIVE_FILES):
+        assert (ROOT / path).is_file(), path
 
 
-def test_other_tests_are_grouped_by_file() -> None:
-    assert root.xdist_group("tests/test_zero.py::test_a[2-gloo]") == "tests/test_zero.py"
-    assert root.xdist_group("course/01-distributed-fundamentals.ipynb::Cell 3") == (
+def test_labs_run_with_their_graded_classes() -> None:
+    """A lab's test reads the runs its class stores, so both go to the same worker."""
+    for lab in ("lab01", "lab02", "lab03", "lab04"):
+        test = next((ROOT / "tests").glob(f"test_{lab}.py")).relative_to(ROOT).as_posix()
+        graded = f"tests/test_course_grade.py::test_a_generated_class_of_a_real_lab[{lab}]"
+        assert group_of(f"{test}::test_every_check") == group_of(graded), lab
+    assert group_of("tests/test_course_grade.py::test_a_class_of_every_kind_of_submission") == RAY_GROUP
+
+
+def test_other_tests_are_grouped_by_file_and_timing_ones_run_alone() -> None:
+    assert group_of("tests/test_zero.py::test_a[2-gloo]") == "tests/test_zero.py"
+    assert group_of("course/01-distributed-fundamentals.ipynb::Cell 3") == (
         "course/01-distributed-fundamentals.ipynb"
     )
-    assert root.xdist_group("course/02-ray.ipynb::Cell 3") == root.SERIAL_GROUP
-    assert all((ROOT / f).is_file() for f in root.SERIAL_FILES)
+    assert group_of("course/04-nccl-and-networking.ipynb::Cell 22").startswith(EXCLUSIVE_PREFIX)
+    assert group_of("tests/test_net_emulate.py::test_probe").startswith(EXCLUSIVE_PREFIX)
 
 
 def test_the_timing_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _root_conftest()
     monkeypatch.setattr(root, "_durations", {f"t{i}": float(i) for i in range(30)})
     monkeypatch.setattr(root, "_outcomes", {"t0": "failed", "t1": "skipped"} | {
         f"t{i}": "passed" for i in range(2, 30)
@@ -62,3 +72,46 @@ def test_the_timing_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert report["outcomes"] == {"failed": 1, "passed": 28, "skipped": 1}
     assert [s["test"] for s in report["slowest"]][:3] == ["t29", "t28", "t27"]
     assert len(report["slowest"]) == 25 and report["machine"]["cpus"] >= 1
+
+
+def test_exclusive_groups_run_alone_after_the_rest(tmp_path: Path) -> None:
+    """A real ``pytest -n 2`` over a small project: the exclusive file starts only after
+    every other test has ended, on one worker, and nothing hangs."""
+    import subprocess
+    import sys
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "conftest.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        "from scheduling import scheduler\n"
+        "def pytest_xdist_make_scheduler(config, log):\n"
+        "    return scheduler(config, log)\n"
+    )
+    test = (
+        "import json, os, time\n"
+        "import pytest\n"
+        "@pytest.mark.parametrize('k', range({n}))\n"
+        "def test_it(k):\n"
+        "    start = time.time()\n"
+        "    time.sleep({sleep})\n"
+        "    with open({log!r}, 'a') as f:\n"
+        "        f.write(json.dumps(['{name}', os.environ['PYTEST_XDIST_WORKER'], start, time.time()]) + '\\n')\n"
+    )
+    log = tmp_path / "log.jsonl"
+    for name, n, sleep in (("test_net_emulate", 3, 0.2), ("test_a", 4, 0.3), ("test_b", 4, 0.3)):
+        (tmp_path / "tests" / f"{name}.py").write_text(
+            test.format(n=n, sleep=sleep, log=str(log), name=name)
+        )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    exclusive = [r for r in rows if r[0] == "test_net_emulate"]
+    others = [r for r in rows if r[0] != "test_net_emulate"]
+    assert len(exclusive) == 3 and len(others) == 8
+    assert len({r[1] for r in others}) == 2  # the rest did run on both workers
+    assert len({r[1] for r in exclusive}) == 1
+    assert min(r[2] for r in exclusive) >= max(r[3] for r in others)

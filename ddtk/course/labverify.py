@@ -8,8 +8,9 @@ where the class already made it:
 1. **The solution, whole**, with the instructor's parameters: every cell must run
    without an error and every check must pass.
 2. **The check matrix, at function level.** A check whose names all come from cheap
-   cells (the set-up cells before the first exercise, the exercise cells, and cells that
-   only import and define: :mod:`~ddtk.course.cellnames`) is tried on its own, in a
+   cells (the set-up cells before the first exercise, the exercise cells, cells that
+   only import and define, read by :mod:`~ddtk.course.cellnames`, and cells that took
+   under ``CHEAP_S`` in run 1) is tried on its own, in a
    kernel that has run only the set-up cells: the cells it needs, the *stub* of its
    exercise and the check, which must raise ``CheckFailed``; then the answer and the
    check, which must pass. The answer's side is left to run 1 when the check took

@@ -1,0 +1,98 @@
+"""How ``pytest -n 2`` (``make test``) shares the tests between its workers.
+
+Each test belongs to a **group** that one worker runs whole, in collection order
+(:func:`group_of`):
+
+- everything that starts Ray is one group: two Ray clusters at once would compete for
+  2 cores and share ``/tmp/ray``'s session link; lab 01's and lab 03's tests run in it
+  after their graded classes, whose runs they read back (``build/executed``);
+- lab 02's and lab 04's graded classes and tests are a group each, for the same reading
+  back;
+- **exclusive** groups measure time on emulated networks, where a busy neighbour is an
+  error in the measurement, not a slower test: they run at the end, alone, once every
+  other worker has finished;
+- any other test file is a group, so a module's fixtures are built once and a notebook
+  under nbval keeps its cells in one kernel, in order.
+
+xdist's own ``--dist loadgroup`` cannot be used: it renames node ids through an
+attribute pytest 9 no longer reads. :func:`scheduler` returns xdist's scope scheduler
+with these groups as scopes instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RAY_GROUP = "ray"
+RAY_FILES = frozenset({
+    "tests/test_course_grade.py", "tests/test_lab01.py", "tests/test_lab03.py",
+    "tests/test_notebooks.py", "tests/test_recovery_ray.py",
+    "course/02-ray.ipynb", "course/06-fault-tolerance.ipynb",
+})  # fmt: skip
+LAB_GROUPS = {"tests/test_lab02.py": "lab02", "tests/test_lab04.py": "lab04"}
+EXCLUSIVE_FILES = frozenset({
+    "tests/test_net_emulate.py", "tests/test_net_shaping.py",
+    "course/04-nccl-and-networking.ipynb",
+})  # fmt: skip
+EXCLUSIVE_PREFIX = "exclusive:"
+
+
+def group_of(nodeid: str) -> str:
+    """The group of the test ``nodeid`` (see the module docstring)."""
+    path = nodeid.split("::", 1)[0]
+    if path == "tests/test_course_grade.py":
+        for lab in LAB_GROUPS.values():
+            if f"[{lab}]" in nodeid:
+                return lab
+    if path in LAB_GROUPS:
+        return LAB_GROUPS[path]
+    if path in RAY_FILES:
+        return RAY_GROUP
+    if path in EXCLUSIVE_FILES:
+        return EXCLUSIVE_PREFIX + path
+    return path
+
+
+def scheduler(config: Any, log: Any) -> Any:
+    """xdist's scope scheduler with :func:`group_of` as the scope, exclusive groups last."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """Exclusive scopes wait for a worker that is alone: the others are shut down first."""
+
+        runner: Any = None  # the worker kept for the exclusive scopes
+
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            shared = [s for s in self.workqueue if not s.startswith(EXCLUSIVE_PREFIX)]
+            if shared:
+                self.workqueue.move_to_end(shared[0], last=False)
+                super()._assign_work_unit(node)
+                return
+            if self.runner is None:
+                self.runner = node  # waits, holding its last test, until it is alone
+            elif node is not self.runner:
+                node.shutdown()
+            self._start_exclusive()
+
+        def remove_node(self, node: Any) -> Any:
+            crashed = super().remove_node(node)
+            if node is self.runner:
+                self.runner = None
+            self._start_exclusive()
+            return crashed
+
+        def _start_exclusive(self) -> None:
+            """Give every exclusive scope to the runner once no other worker is left."""
+            if self.runner is None or any(n is not self.runner for n in self.assigned_work):
+                return
+            while self.workqueue:
+                super()._assign_work_unit(self.runner)
+            self.runner.shutdown()
+
+    return GroupScheduling(config, log)
+
+
+__all__ = ["EXCLUSIVE_FILES", "LAB_GROUPS", "RAY_FILES", "RAY_GROUP", "group_of", "scheduler"]
