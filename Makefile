@@ -6,9 +6,10 @@ STAMP  := $(VENV)/.ddtk-installed
 BUILD_DEPS := $(VENV)/.ddtk-build-deps
 EXTRAS ?= ray,course,dev,horovod,deepspeed,tensorflow,profiling
 PYTEST_ARGS ?=
-# pytest-xdist workers: tests that wait (subprocesses, sleeps, Ray's start) overlap with
-# tests that compute; the root conftest.py keeps Ray and the labs in one worker, in order
-TEST_JOBS ?= 2
+# pytest-xdist workers (0: none, the tests run in this process, in order). TEST_JOBS=2
+# overlaps tests that wait with tests that compute (tests/scheduling.py groups them); it
+# is not the default yet: two load-sensitive tests fail under it (see tests/scheduling.py)
+TEST_JOBS ?= 0
 
 .DEFAULT_GOAL := help
 .PHONY: help lab test course horovod horovod-wheel debs browser venv lint bench lock clean
