@@ -28,8 +28,6 @@ if TYPE_CHECKING:
     from ddtk.course.grading.sandbox import Execution
 
 CHECK_TAG = "check"
-# What a check cell must raise on a stub: ddtk.course.checks.CheckFailed or its base.
-_TEACHING_ERRORS = frozenset({"CheckFailed", "AssertionError"})
 
 
 @dataclass(frozen=True)
