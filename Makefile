@@ -6,10 +6,9 @@ STAMP  := $(VENV)/.ddtk-installed
 BUILD_DEPS := $(VENV)/.ddtk-build-deps
 EXTRAS ?= ray,course,dev,horovod,deepspeed,tensorflow,profiling
 PYTEST_ARGS ?=
-# pytest-xdist workers (0: none, the tests run in this process, in order). TEST_JOBS=2
-# overlaps tests that wait with tests that compute (tests/scheduling.py groups them); it
-# is not the default yet: two load-sensitive tests fail under it (see tests/scheduling.py)
-TEST_JOBS ?= 0
+# pytest-xdist workers: 2 overlaps tests that wait with tests that compute, in the groups
+# of tests/scheduling.py; 0 runs every test in this process, in order
+TEST_JOBS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help lab test course horovod horovod-wheel debs browser venv lint bench lock clean

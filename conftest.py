@@ -32,11 +32,15 @@ _ROOT = Path(__file__).resolve().parent
 _SLOWEST = 25
 _durations: defaultdict[str, float] = defaultdict(float)
 _outcomes: dict[str, str] = {}
+_spans: dict[str, list] = {}  # test -> [worker, first start, last stop] (epoch seconds)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Add up each test's phases; count each test once: failed, else skipped, else passed."""
     _durations[report.nodeid] += report.duration
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    span = _spans.setdefault(report.nodeid, [getattr(worker, "id", "main"), report.start, 0.0])
+    span[1], span[2] = min(span[1], report.start), max(span[2], report.stop)
     if report.failed:
         _outcomes[report.nodeid] = "failed"
     elif report.skipped and _outcomes.get(report.nodeid) != "failed":
@@ -61,10 +65,39 @@ def write_test_times(path: Path, total_s: float, exitstatus: int) -> dict:
             "python": platform.python_version(),
         },
         "slowest": [{"test": t, "seconds": round(s, 1)} for t, s in slowest],
+        "workers": _by_worker(),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1) + "\n")
     return report
+
+
+def _by_worker() -> dict:
+    """Each worker's busy seconds and its groups in the order it ran them (tests/scheduling.py).
+
+    A group's ``start`` and ``end`` are seconds since the session began; ``seconds`` adds
+    up its tests' phases.
+
+    With ``-n 2`` the longest worker is the suite's wall clock: this shows which groups
+    made it so.
+    """
+    from scheduling import group_of
+
+    workers: dict[str, dict] = {}
+    for test, (worker, start, stop) in sorted(_spans.items(), key=lambda kv: kv[1][1]):
+        entry = workers.setdefault(worker, {"busy_s": 0.0, "groups": []})
+        entry["busy_s"] += _durations[test]
+        group = group_of(test)
+        if not entry["groups"] or entry["groups"][-1]["group"] != group:
+            entry["groups"].append({"group": group, "start": start, "end": stop, "seconds": 0.0})
+        entry["groups"][-1]["seconds"] += _durations[test]
+        entry["groups"][-1]["end"] = max(entry["groups"][-1]["end"], stop)
+    for entry in workers.values():
+        entry["busy_s"] = round(entry["busy_s"], 1)
+        for g in entry["groups"]:
+            g["start"], g["end"] = round(g["start"] - _STARTED, 1), round(g["end"] - _STARTED, 1)
+            g["seconds"] = round(g["seconds"], 1)
+    return workers
 
 
 @pytest.hookimpl(optionalhook=True)

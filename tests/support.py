@@ -128,3 +128,37 @@ def assert_none_left(find: Callable[[float], list], since: float, grace: float, 
 def assert_no_ray_daemons_left(since: float, grace: float = 30.0) -> None:
     """Fail, and kill them, if raylets or GCS servers started since ``since`` outlive ``grace``."""
     assert_none_left(ray_daemons, since, grace, "Ray")
+
+
+def machine_state(sample_s: float = 0.5) -> str:
+    """What else this machine is doing, for the message of a failed timing check.
+
+    The load average, this process's scheduling (CPUs it may use, nice, threads, live
+    children) and the processes that used the most CPU over ``sample_s`` seconds: a
+    timing that fails only beside other tests names its neighbour here.
+    """
+    import time
+
+    me = psutil.Process()
+    procs = list(psutil.process_iter(["name", "cmdline"]))
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.cpu_percent(None)
+    time.sleep(sample_s)
+    busy = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            busy.append(
+                (
+                    proc.cpu_percent(None),
+                    proc.pid,
+                    " ".join((proc.info["cmdline"] or [proc.info["name"] or "?"])[:3])[:80],
+                )
+            )
+    top = ", ".join(f"{pid} {cmd!r} {cpu:.0f}%" for cpu, pid, cmd in sorted(busy, reverse=True)[:5])
+    children = [c for c in me.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+    return (
+        f"load {os.getloadavg()}; this process: CPUs {sorted(os.sched_getaffinity(0))}, "
+        f"nice {os.nice(0)}, {me.num_threads()} threads, {len(children)} live children; "
+        f"busiest over {sample_s} s: {top}"
+    )
