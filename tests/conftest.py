@@ -20,8 +20,13 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 def _children() -> list[psutil.Process]:
+    """Live descendants, but for ddtk.launch's zygote: it lives as long as this process, by design."""
+    from ddtk._forking import is_zygote
+
     return [
-        p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.status() != psutil.STATUS_ZOMBIE and not is_zygote(p)
     ]
 
 
@@ -69,5 +74,8 @@ def execution_cache():
     """
     from ddtk.course.executions import ExecutionCache
 
-    root = os.environ.get("DDTK_EXECUTED") or Path(__file__).resolve().parents[1] / "build" / "executed"
+    root = (
+        os.environ.get("DDTK_EXECUTED")
+        or Path(__file__).resolve().parents[1] / "build" / "executed"
+    )
     return ExecutionCache(root)

@@ -6,7 +6,9 @@ py-spy samples the Python stacks of a process tree from outside, without changin
 the program. Started as the parent of the job (``py-spy record -- python ...``) it
 needs no root and no ``ptrace`` rights beyond those a parent has over its children;
 ``--subprocesses`` follows every rank ``ddtk.launch``, ``torchrun`` or a DataLoader
-starts, and each stack begins with the process it came from.
+starts, and each stack begins with the process it came from. Under py-spy each rank of
+``ddtk.launch`` starts as a new interpreter (``DDTK_LAUNCH_ZYGOTE=0``), so that its stacks
+begin with its own ``-m ddtk._rank`` rather than the zygote that ranks are forked from.
 
 Formats: ``flamegraph`` (an interactive SVG), ``speedscope`` (JSON for
 https://speedscope.app) and ``raw`` (collapsed stacks, one ``frame;frame;frame count``
@@ -15,6 +17,7 @@ line per stack), which :func:`hot_functions` reads.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -75,8 +78,9 @@ def py_spy_record(
     args += ["--idle"] if idle else []
     try:
         done = subprocess.run(
-            [*args, "--", *command], capture_output=True, text=True, timeout=timeout
-        )
+            [*args, "--", *command], capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, "DDTK_LAUNCH_ZYGOTE": "0"},
+        )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         raise PySpyError(f"the profiled job ran past {timeout} s and was stopped") from exc
     if done.returncode != 0 or not out.exists():
