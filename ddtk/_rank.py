@@ -1,4 +1,7 @@
-"""Entry point of one rank started by :func:`ddtk.launch` (``python -m ddtk._rank``).
+"""Entry point of one rank started by :func:`ddtk.launch`: :func:`main`.
+
+A rank is forked by the launching process's zygote (:mod:`ddtk._zygote`), which calls
+:func:`main`, or started as ``python -m ddtk._rank`` where there is no zygote.
 
 The parent writes a cloudpickled job to this process's stdin, keeps the other
 end of a result pipe, and owns the rendezvous store. This process joins the

@@ -203,7 +203,7 @@ def test_ctrl_c_stops_every_rank(tmp_path) -> None:
 
 
 def test_script_without_main_guard_works(tmp_path) -> None:
-    """Ranks are fresh interpreters that never re-import __main__, so no guard is needed."""
+    """Ranks (forked from the zygote, a fresh interpreter) never re-import __main__: no guard needed."""
     script = tmp_path / "noguard.py"
     script.write_text(
         textwrap.dedent("""

@@ -7,6 +7,7 @@ Each check compares with what a rank started as ``python -m ddtk._rank`` sees
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -118,7 +119,8 @@ _LAUNCHER = textwrap.dedent(
     import os, sys, time, ddtk
 
     def spin(ctx):
-        print("running", os.getpid(), flush=True)
+        sys.stdout.write(f"running {os.getpid()} done\\n")  # one write: ranks' lines may interleave
+        sys.stdout.flush()
         time.sleep(300)
 
     ddtk.launch(spin, 2, timeout=300)
@@ -135,9 +137,9 @@ def test_the_zygote_and_its_ranks_die_with_their_launcher(tmp_path) -> None:
         ranks = []
         deadline = time.monotonic() + 90
         while len(ranks) < 2 and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if "running" in line:
-                ranks.append(int(line.split()[-1]))
+            found = re.search(r"running (\d+) done", proc.stdout.readline())
+            if found:
+                ranks.append(int(found.group(1)))
         family = psutil.Process(proc.pid).children(recursive=True)
         zygotes = [p for p in family if _forking.is_zygote(p) and p.pid not in ranks]
         assert len(ranks) == 2 and len(zygotes) == 1, (ranks, family)
