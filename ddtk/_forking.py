@@ -23,6 +23,8 @@ import time
 from collections.abc import Mapping
 from typing import IO
 
+from ddtk.comm.shm import pid_alive
+
 START_TIMEOUT_S = 120.0
 """How long the zygote may take to import torch (a loaded laptop takes seconds)."""
 
@@ -129,7 +131,7 @@ class Zygote:
         with self._cond:
             if pid in self._codes:
                 return self._codes[pid]
-            if not self.alive and not _exists(pid):
+            if not self.alive and not pid_alive(pid):
                 return -signal.SIGKILL
         return None
 
@@ -153,16 +155,6 @@ class Zygote:
             self._sock.close()
         with contextlib.suppress(Exception):
             self.proc.wait(timeout=10)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 _lock = threading.Lock()

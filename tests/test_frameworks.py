@@ -10,6 +10,7 @@ must agree on the loss and ZeRO must shrink the state a rank holds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -67,6 +68,12 @@ def test_run_command_raises_with_the_tail_and_reaps_the_group(tmp_path) -> None:
         run_command([sys.executable, "-c", code], timeout=3, echo=False)
     assert time.monotonic() - start < 20
     grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5  # SIGKILL was sent to the group; its death is not instant
+    while psutil.pid_exists(grandchild) and time.monotonic() < deadline:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE:
+                break
+        time.sleep(0.05)
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
 
 

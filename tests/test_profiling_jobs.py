@@ -225,6 +225,9 @@ def test_bench_profiler_prints_and_saves_the_overhead_ratios(tmp_path, capsys):
     assert main(args) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["tool"] for r in rows] == ["torch.profiler, shapes", "torch.profiler, no shapes"]
-    assert all(0.5 < r["overhead_ratio"] < 20 for r in rows)  # a measured ratio, not a constant
+    # A measured ratio, not a constant. One short round beside another test worker is noisy:
+    # 0.42 (profiled faster than not) and 1.22 came from the same run; the bench's many rounds
+    # are what give a figure to quote.
+    assert all(0.25 < r["overhead_ratio"] < 20 for r in rows), rows
     assert "profiler overhead, 2 ranks" in capsys.readouterr().out
     assert main(["bench", "profiler", "--jobs", "nope"]) == 2
