@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO
 
 from ddtk.comm.shm import pid_alive
@@ -163,8 +163,8 @@ _owner = 0  # the pid that started _zygote: a forked child of this process must 
 _failed = False
 
 
-def zygote(env: Mapping[str, str]) -> Zygote | None:
-    """This process's zygote (started with ``env`` the first time), or None where none can run."""
+def zygote(make_env: Callable[[], Mapping[str, str]]) -> Zygote | None:
+    """This process's zygote (started with ``make_env()`` the first time), or None where none can run."""
     global _zygote, _owner, _failed
     if os.environ.get("DDTK_LAUNCH_ZYGOTE", "1") == "0" or not sys.platform.startswith("linux"):
         return None
@@ -175,7 +175,7 @@ def zygote(env: Mapping[str, str]) -> Zygote | None:
             return None
         _owner = os.getpid()
         try:
-            _zygote = Zygote(env)
+            _zygote = Zygote(make_env())
         except (OSError, ZygoteError):
             _zygote, _failed = None, True
         return _zygote
