@@ -38,9 +38,9 @@ horovod-wheel: $(BUILD_DEPS)
 horovod: venv ## build Horovod 0.28.1 for this torch (cached wheel: seconds after the first time)
 	bash scripts/build_horovod.sh $(BIN)/python
 
-DEBS := chromium shellcheck iperf3
-debs: ## Debian packages the tests use: chromium (the quiz's browser test), shellcheck (deploy/ scripts), iperf3 (lecture 04); apt-get as root
-	@missing=$$(for p in $(DEBS); do command -v $$p >/dev/null || echo $$p; done); \
+DEBS := chromium shellcheck iperf3 bwrap strace  # commands; bwrap comes in Debian's bubblewrap
+debs: ## Debian packages the tests use: chromium (the quiz's browser test), shellcheck (deploy/ scripts), iperf3 (lecture 04), bubblewrap and strace (the grading sandbox); apt-get as root
+	@missing=$$(for p in $(DEBS); do command -v $$p >/dev/null || echo $$p | sed 's/^bwrap$$/bubblewrap/'; done); \
 	test -z "$$missing" || { test "$$(id -u)" = 0 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; } \
 		|| echo "missing and not root: run 'sudo apt-get install $$missing' (their tests are skipped)"
 

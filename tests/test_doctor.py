@@ -249,7 +249,20 @@ def healthy_cpu_facts() -> dict[str, Any]:
             "shm_free_bytes": 4 * 2**30,
             "error": None,
         },
-        "network": {"rdma": [], "iperf3": "/usr/bin/iperf3", "shaping_unavailable": None, "error": None},
+        "network": {
+            "rdma": [],
+            "iperf3": "/usr/bin/iperf3",
+            "shaping_unavailable": None,
+            "error": None,
+        },
+        "sandbox": {
+            "namespaces": True,
+            "own_user": True,
+            "bwrap": "/usr/bin/bwrap",
+            "missing": [],
+            "summary": "sandbox: own PID, mount, IPC and network namespaces",
+            "error": None,
+        },
     }
 
 
@@ -513,7 +526,9 @@ def test_transport_in_force_is_reported_with_why_shared_memory_is_not(monkeypatc
     assert "/dev/shm has 64 MiB free" in item["hint"]
 
 
-def test_network_facts_list_rdma_ports_like_ibstat_and_the_local_tools(monkeypatch, tmp_path) -> None:
+def test_network_facts_list_rdma_ports_like_ibstat_and_the_local_tools(
+    monkeypatch, tmp_path
+) -> None:
     port = tmp_path / "mlx5_0" / "ports" / "1"
     port.mkdir(parents=True)
     (port / "state").write_text("4: ACTIVE\n")
@@ -529,3 +544,12 @@ def test_network_facts_list_rdma_ports_like_ibstat_and_the_local_tools(monkeypat
     assert "RDMA ports" in proc.stdout and "kernel shaping" in proc.stdout
     report = json.loads(run_cli("--json").stdout)
     assert set(report["facts"]["network"]) >= {"rdma", "iperf3", "shaping_unavailable"}
+
+
+def test_the_doctor_says_whether_grading_can_sandbox(capsys) -> None:
+    from ddtk.course.grading.jail import confinement
+
+    report = doctor.report(doctor.collect(), [])
+    assert report["facts"]["sandbox"]["summary"] == confinement().summary()
+    doctor.render(report)
+    assert "grading sandbox" in capsys.readouterr().out

@@ -35,7 +35,7 @@ class FakeExecute:
         self.status = status
         self.delay = delay
 
-    def __call__(self, nb, *, name, timeout, memory_mb) -> Execution:
+    def __call__(self, nb, *, name, timeout, memory_mb, hide=()) -> Execution:
         self.calls += 1
         time.sleep(self.delay)
         nb = copy.deepcopy(nb)

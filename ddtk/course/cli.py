@@ -327,7 +327,13 @@ def cmd_grade(args: argparse.Namespace) -> int:
     """Grade a class's lab notebooks; exit 0 if all passed, 1 if not, 2 on bad input."""
     from ddtk.course import run
     from ddtk.course.grading.classgrade import grade_lab
-    from ddtk.course.grading.report import summary_table, write_results
+    from ddtk.course.grading.jail import confinement
+    from ddtk.course.grading.report import (
+        OutputFolderError,
+        check_output_folder,
+        summary_table,
+        write_results,
+    )
     from ddtk.course.grading.submissions import find_submissions
     from ddtk.course.notebooks import NotebookError
 
@@ -336,11 +342,13 @@ def cmd_grade(args: argparse.Namespace) -> int:
         lab = _lab_solution(args.lab)
         parameters = run.parse_parameters(args.param or [])
         run.check_kernel()
+        check_output_folder(out)
         total = len(find_submissions(folder, (out,)))
-    except (NotebookError, OSError) as exc:
+    except (NotebookError, OSError, OutputFolderError) as exc:
         return _error(str(exc))
     if not total:
         return _error(f"no submissions (notebooks or student folders) in {folder}")
+    _console().print(confinement().summary(), markup=False)
     with _progress() as progress:
         task = progress.add_task(f"grading {lab.stem}", total=total)
 
@@ -363,7 +371,10 @@ def cmd_grade(args: argparse.Namespace) -> int:
             )  # fmt: skip
         except (NotebookError, OSError) as exc:
             return _error(str(exc))
-    write_results(result, out)
+    try:
+        write_results(result, out)
+    except (OSError, OutputFolderError) as exc:
+        return _error(f"the results could not be written: {exc}")
     console = _console()
     console.print(summary_table(result))
     console.print(f"results: {out}/<student>/results.json, {out}/grades.csv, {out}/results.json")

@@ -134,6 +134,7 @@ class ExecutionCache:
         timeout: float,
         memory_mb: int,
         execute: Callable[..., Execution] | None = None,
+        hide: tuple[Path, ...] | list[Path] = (),
     ) -> Execution:
         """:func:`~ddtk.course.grading.sandbox.execute` of ``nb``, or its stored result.
 
@@ -149,7 +150,7 @@ class ExecutionCache:
             if stored is not None:
                 self.hits += 1
                 return stored
-            run = execute(nb, name=name, timeout=timeout, memory_mb=memory_mb)
+            run = execute(nb, name=name, timeout=timeout, memory_mb=memory_mb, hide=hide)
             self.executed += 1
             if run.status == "completed":
                 _store_execution(folder, run, name)

@@ -76,8 +76,10 @@ from ddtk.doctor.packages import (
 from ddtk.doctor.system import (
     FAULTS_MISSING,
     NETWORK_MISSING,
+    SANDBOX_MISSING,
     TRANSPORT_MISSING,
     probe_faults,
+    probe_sandbox,
     probe_system,
     probe_tools,
     probe_transport,
@@ -97,6 +99,7 @@ __all__ = [
     "NEED_HINTS",
     "NETWORK_MISSING",
     "RDMA_SYSFS",
+    "SANDBOX_MISSING",
     "TORCH_MISSING",
     "TRANSPORT_MISSING",
     "Facts",
@@ -123,6 +126,7 @@ __all__ = [
     "probe_packages",
     "probe_python",
     "probe_ray",
+    "probe_sandbox",
     "probe_system",
     "probe_tools",
     "probe_torch",
@@ -199,6 +203,7 @@ def collect() -> Facts:
         "faults": _safe(probe_faults, FAULTS_MISSING),
         "transport": _safe(probe_transport, TRANSPORT_MISSING),
         "network": _safe(probe_network, NETWORK_MISSING),
+        "sandbox": _safe(probe_sandbox, SANDBOX_MISSING),
     }
 
 

@@ -60,6 +60,19 @@ def probe_transport() -> Facts:
             "shm_unavailable": reason, "shm_free_bytes": free, "error": None}  # fmt: skip
 
 
+def probe_sandbox() -> Facts:
+    """Whether ``ddtk course grade`` can confine a graded kernel here, and what is missing."""
+    from ddtk.course.grading.jail import confinement
+
+    conf = confinement()
+    return {"namespaces": conf.namespaces, "own_user": conf.own_user, "bwrap": conf.bwrap,
+            "missing": list(conf.missing), "summary": conf.summary(), "error": None}  # fmt: skip
+
+
+SANDBOX_MISSING: Facts = {"namespaces": False, "own_user": False, "bwrap": None,
+                          "missing": ["not probed"], "summary": "sandbox: not probed"}  # fmt: skip
+
+
 NETWORK_MISSING: Facts = {"rdma": [], "iperf3": None, "shaping_unavailable": "not probed"}
 
 

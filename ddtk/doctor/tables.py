@@ -65,6 +65,11 @@ def _machine_table(facts: Facts) -> Any:
         f"iperf3: {net.get('iperf3') or 'not found'}; kernel shaping: "
         + ("yes (namespaces + tbf)" if not shaping else f"no ({shaping})"),
     )
+    from rich.markup import escape
+
+    box = facts.get("sandbox") or {}
+    style = "" if not box.get("missing") else "[yellow]"
+    table.add_row("grading sandbox", style + escape(box.get("summary", "not probed")))
     return table
 
 

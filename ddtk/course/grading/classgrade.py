@@ -6,9 +6,10 @@
 2. Each readable notebook gets the instructor's check and parameters cells back
    (:mod:`~ddtk.course.grading.restore`).
 3. Notebooks whose restored code is identical (same fingerprint) are **run once**: every
-   student who handed it in gets that run's result, with a note naming the others.
-   Handing in the untouched stub, or the solution with its checks tampered with, costs
-   nothing extra; identical answers are also worth an instructor's look.
+   student who handed it in gets that run's result. Handing in the untouched stub, or
+   the solution with its checks tampered with, costs nothing extra; identical answers
+   are also worth an instructor's look, so the class report lists them (a student's own
+   results never name a classmate).
 4. The distinct notebooks run in sandboxes (:mod:`~ddtk.course.grading.sandbox`), one at
    a time or ``jobs`` at once, and each run is scored (:mod:`~ddtk.course.grading.score`).
 """
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ddtk.course.grading.jail import private_paths
 from ddtk.course.grading.restore import fingerprint, restore
 from ddtk.course.grading.sandbox import execute
 from ddtk.course.grading.score import CheckSpec, StudentResult, error_row, lab_checks, score_run
@@ -65,11 +67,8 @@ def _rows(group: _Group, specs: list[CheckSpec], run: Any) -> list[StudentResult
     rows = []
     for sub, notes in group.members:
         row = score_run(sub.student, str(sub.path), specs, run, notes)
+        # for the instructor's class report only: a student's own results never name another
         row.same_as = [s for s in group.students if s != sub.student]
-        if row.same_as:
-            row.notes.append(
-                "same code as " + ", ".join(row.same_as) + " (graded by one shared run)"
-            )
         rows.append(row)
     return rows
 
@@ -126,6 +125,7 @@ def grade_lab(
     solution = read_notebook(lab)
     specs = lab_checks(solution, str(lab))
     subs = find_submissions(submissions, skip)
+    hide = private_paths(lab.parent, submissions, *skip)
     errors, groups = _group(subs, solution, specs, dict(parameters or {}), lab)
     result = ClassResult(lab.stem, notebook_title(solution) or lab.stem, executions=len(groups))
     if on_done is not None and errors:
@@ -136,9 +136,9 @@ def grade_lab(
             on_start(group.students)
         limits = {"name": lab.name, "timeout": timeout, "memory_mb": memory_mb}
         if cache is not None:
-            run = cache.sandboxed(group.notebook, **limits)
+            run = cache.sandboxed(group.notebook, **limits, hide=hide)
         else:
-            run = execute(group.notebook, **limits)
+            run = execute(group.notebook, **limits, hide=hide)
         rows = _rows(group, specs, run)
         if on_done is not None:
             on_done(rows)

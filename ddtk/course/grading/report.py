@@ -2,16 +2,25 @@
 
 ``OUT/<student>/results.json``
     the student's row: status, score, each exercise's outcome with the check's message,
-    notes (restored cells, identical submissions), seconds; and, when the notebook ran,
+    notes (restored cells), seconds, and nothing about any other student; and, when the
+    notebook ran,
     ``OUT/<student>/<lab>.executed.ipynb``, the notebook as graded with its outputs, and
     the hand-in files the run wrote (``labNN-report.md`` and ``labNN-report.json``).
 ``OUT/grades.csv``
-    one row per student, the columns of ``ddtk quiz grade``'s plus ``same_as``.
+    one row per student, the columns of ``ddtk quiz grade``'s. Safe to open in a
+    spreadsheet: a cell that would start a formula (``=``, ``+``, ``-``, ``@``) is quoted
+    with a leading ``'``.
 ``OUT/results.json``
-    the lab, the counts, the number of runs, the time, and every student's row.
+    the instructor's class report: the lab, the counts, the number of runs, the time,
+    every student's row with ``same_as`` (who handed in identical code), and the groups
+    of students who shared code (``shared_code``).
 
-Every file is written atomically (:func:`ddtk.quiz.files.write_text`), so a reader never
-sees half of one. Student folder names keep letters, digits, ``.``, ``_`` and ``-``.
+``OUT`` holds only what the grader wrote: everything is written into a new folder
+beside it, which then replaces it whole, so nothing a run (or anyone) left in ``OUT``
+survives, and nothing half-written is ever seen. An ``OUT`` that exists must be one a
+previous ``ddtk course grade`` wrote (it holds ``.ddtk-grade``) or empty; anything
+else is refused, never deleted. Student folder names keep letters, digits, ``.``,
+``_`` and ``-``.
 """
 
 from __future__ import annotations
@@ -25,14 +34,21 @@ from typing import Any
 
 from ddtk.course.grading.classgrade import ClassResult
 from ddtk.course.grading.score import StudentResult
-from ddtk.quiz.files import write_text
 
 OUTPUT_NAMES = ("results.json", "grades.csv")
 
 
-def student_dict(r: StudentResult, lab: str) -> dict[str, Any]:
-    """A student's row as JSON data."""
-    return {
+MARK = ".ddtk-grade"  # names a folder that ddtk course grade wrote
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+class OutputFolderError(ValueError):
+    """``--out`` names a folder that holds files the grader did not write."""
+
+
+def student_dict(r: StudentResult, lab: str, *, instructor: bool = False) -> dict[str, Any]:
+    """A student's row as JSON data; ``instructor`` adds who handed in the same code."""
+    row = {
         "student": r.student,
         "lab": lab,
         "file": r.file,
@@ -43,13 +59,21 @@ def student_dict(r: StudentResult, lab: str) -> dict[str, Any]:
         "passed": r.passed,
         "error": r.error,
         "notes": list(r.notes),
-        "same_as": list(r.same_as),
         "seconds": round(r.seconds, 2),
         "exercises": [
             {"number": e.number, "title": e.title, "status": e.status, "message": e.message}
             for e in r.exercises
         ],
     }
+    if instructor:
+        row["same_as"] = list(r.same_as)
+    return row
+
+
+def shared_code(result: ClassResult) -> list[list[str]]:
+    """The groups of students who handed in identical code (one run graded each group)."""
+    groups = {tuple(sorted([r.student, *r.same_as])) for r in result.results if r.same_as}
+    return [list(g) for g in sorted(groups)]
 
 
 def class_dict(result: ClassResult) -> dict[str, Any]:
@@ -60,22 +84,28 @@ def class_dict(result: ClassResult) -> dict[str, Any]:
         "counts": result.counts(),
         "executions": result.executions,
         "seconds": round(result.seconds, 2),
-        "students": [student_dict(r, result.lab) for r in result.results],
+        "students": [student_dict(r, result.lab, instructor=True) for r in result.results],
+        "shared_code": shared_code(result),
     }
 
 
+def spreadsheet_safe(value: object) -> str:
+    """``value`` as CSV text that a spreadsheet shows as text, never runs as a formula."""
+    text = str(value)
+    return "'" + text if text.startswith(_FORMULA) else text
+
+
 def grades_csv_text(result: ClassResult) -> str:
-    """The class ``grades.csv``: one row per student."""
+    """The class ``grades.csv``: one row per student, safe to open in a spreadsheet."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(
-        ["student", "score", "max_score", "percent", "passed", "status", "file", "error", "same_as"]
+        ["student", "score", "max_score", "percent", "passed", "status", "file", "error"]
     )
     for r in result.results:
-        writer.writerow(
-            [r.student, r.score, r.max_score, f"{r.percent:.2f}", str(r.passed).lower(),
-             r.status, r.file, r.error or "", " ".join(r.same_as)]
-        )  # fmt: skip
+        row = [r.student, r.score, r.max_score, f"{r.percent:.2f}", str(r.passed).lower(),
+               r.status, r.file, r.error or ""]  # fmt: skip
+        writer.writerow([spreadsheet_safe(v) for v in row])
     return buf.getvalue()
 
 
@@ -90,32 +120,73 @@ def _folder_name(student: str, used: set[str]) -> str:
     return name
 
 
-def write_results(result: ClassResult, out_dir: Path) -> list[Path]:
-    """Write every output file (see the module docstring) under ``out_dir``; return their paths."""
+def _check_out(out_dir: Path) -> None:
+    """Refuse an ``out_dir`` that holds anything a previous grading did not write."""
+    if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
+        raise OutputFolderError(f"{out_dir} is not a folder; choose another --out")
+    if out_dir.is_dir() and not (out_dir / MARK).is_file() and any(out_dir.iterdir()):
+        raise OutputFolderError(
+            f"{out_dir} holds files that ddtk course grade did not write; it is left as it is: "
+            "choose an empty or new --out"
+        )
+
+
+def check_output_folder(out_dir: Path) -> None:
+    """Raise :class:`OutputFolderError` now, before grading, for an unusable ``out_dir``."""
+    _check_out(out_dir)
+
+
+def _write_tree(result: ClassResult, root: Path) -> list[str]:
+    """Every output file under ``root`` (a new, empty folder); return their relative paths."""
     from ddtk.course.notebooks import dumps_notebook
 
-    written: list[Path] = []
+    written: list[str] = []
+
+    def put(rel: str, text: str) -> None:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(rel)
+
     used: set[str] = set()
     for r in result.results:
-        folder = out_dir / _folder_name(r.student, used)
-        path = folder / "results.json"
-        text = json.dumps(student_dict(r, result.lab), indent=2, ensure_ascii=False) + "\n"
-        write_text(path, text, durable=False)
-        written.append(path)
+        folder = _folder_name(r.student, used)
+        put(
+            f"{folder}/results.json",
+            json.dumps(student_dict(r, result.lab), indent=2, ensure_ascii=False) + "\n",
+        )
         if r.executed is not None:
-            executed = folder / f"{result.lab}.executed.ipynb"
-            write_text(executed, dumps_notebook(r.executed), durable=False)
-            written.append(executed)
+            put(f"{folder}/{result.lab}.executed.ipynb", dumps_notebook(r.executed))
         for name, data in r.handin.items():  # the hand-in report the run wrote
-            write_text(folder / name, data.decode("utf-8", "replace"), durable=False)
-            written.append(folder / name)
-    for name, text in (
-        ("grades.csv", grades_csv_text(result)),
-        ("results.json", json.dumps(class_dict(result), indent=2, ensure_ascii=False) + "\n"),
-    ):
-        write_text(out_dir / name, text)
-        written.append(out_dir / name)
+            put(f"{folder}/{Path(name).name}", data.decode("utf-8", "replace"))
+    put("grades.csv", grades_csv_text(result))
+    put("results.json", json.dumps(class_dict(result), indent=2, ensure_ascii=False) + "\n")
+    put(MARK, "written by ddtk course grade; replaced whole on every grading\n")
     return written
+
+
+def write_results(result: ClassResult, out_dir: Path) -> list[Path]:
+    """Write every output file (see the module docstring) as ``out_dir``; return their paths."""
+    import shutil
+    import tempfile
+
+    _check_out(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.new-", dir=out_dir.parent))
+    try:
+        written = _write_tree(result, stage)
+        stage.chmod(0o755)
+        old = None
+        if out_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+            out_dir.rename(old / "out")
+        stage.rename(out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return [out_dir / rel for rel in written if rel != MARK]
 
 
 def _marks(r: StudentResult) -> str:
@@ -128,7 +199,8 @@ def _note(r: StudentResult) -> str:
     parts = [r.error] if r.error else []
     if first is not None and not r.error:
         parts.append(f"exercise {first.number}: {first.message}")
-    return "; ".join([*parts, *r.notes])
+    shared = [f"same code as {', '.join(r.same_as)}"] if r.same_as else []
+    return "; ".join([*parts, *r.notes, *shared])
 
 
 def summary_table(result: ClassResult) -> Any:
@@ -156,4 +228,7 @@ def summary_table(result: ClassResult) -> Any:
     return table
 
 
-__all__ = ["class_dict", "grades_csv_text", "student_dict", "summary_table", "write_results"]
+__all__ = [
+    "MARK", "OutputFolderError", "check_output_folder", "class_dict", "grades_csv_text",
+    "shared_code", "spreadsheet_safe", "student_dict", "summary_table", "write_results",
+]  # fmt: skip
