@@ -19,9 +19,10 @@ import yaml
 
 from ddtk.cli import main
 from ddtk.project.check import check_project
+from ddtk.project.criteria import files_and_manifest
 from ddtk.project.designdoc import design_doc
 from ddtk.project.rubric import load_rubric
-from ddtk.project.scaling import ReportError, read_report
+from ddtk.project.scaling import ReportError, compare_speedups, read_report
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTION = ROOT / "solutions" / "project"
@@ -232,3 +233,37 @@ def test_scaling_report_must_be_self_consistent(tmp_path):
     path.write_text(json.dumps({"runs": runs[:2]}))
     with pytest.raises(ReportError, match="no entry for 4 ranks"):
         read_report(path, [1, 2, 4], 0.02)
+
+
+def test_numbers_no_formula_accepts_are_a_failure_not_a_crash(tmp_path):
+    criterion = load_rubric().get("design-doc")
+    text = (SOLUTION / "DESIGN.md").read_text()
+    bad = tmp_path / "DESIGN.md"
+    cost = re.search(r"checkpoint_cost_s: [0-9.]+", text).group(0)
+    for value in ("0", "-1.5"):
+        bad.write_text(text.replace(cost, f"checkpoint_cost_s: {value}"))
+        res = design_doc(criterion, bad, None, None)
+        assert res.status == "fail" and "checkpoint_cost_s must be > 0" in res.message, res.message
+
+
+def test_a_claimed_speedup_over_a_measured_slowdown_fails_whatever_the_factor():
+    factor = load_rubric().get("scaling-study").params["speedup_factor"]
+    linear = {1: 1.0, 2: 2.0, 4: 4.0}
+    assert "claims a speedup at [2, 4]" in compare_speedups(
+        linear, {1: 1.0, 2: 0.8, 4: 0.7}, factor
+    )
+    assert f"more than {factor:g}x at [4]" in compare_speedups(
+        linear, {1: 1.0, 2: 1.9, 4: 1.2}, factor
+    )
+    assert compare_speedups(linear, {1: 1.0, 2: 1.7, 4: 3.2}, factor) is None
+
+
+def test_an_entry_point_that_links_out_of_the_submission_fails(tmp_path):
+    sub = tmp_path / "sub"
+    shutil.copytree(SOLUTION, sub)
+    (tmp_path / "elsewhere.py").write_text("print('not in the submission')\n")
+    (sub / "train.py").unlink()
+    (sub / "train.py").symlink_to(tmp_path / "elsewhere.py")
+    res, spec = files_and_manifest(load_rubric().get("files-and-manifest"), sub)
+    assert res.status == "fail" and "resolves outside the submission" in res.message, res.message
+    assert spec is None

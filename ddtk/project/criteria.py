@@ -17,6 +17,18 @@ def files_and_manifest(
         spec = load_project(root)
     except ManifestError as exc:
         return CriterionResult(criterion, "fail", str(exc)), None
+    inside = root.resolve()
+    outside = [
+        f"{key} {path.relative_to(root)}"
+        for key, path in spec.declared_files().items()
+        if path.exists() and inside not in path.resolve().parents
+    ]
+    if outside:
+        return CriterionResult(
+            criterion, "fail",
+            "declared file resolves outside the submission (a link out of the folder): "
+            + ", ".join(outside),
+        ), None  # fmt: skip
     missing = [
         f"{key} {path.relative_to(root)}"
         for key, path in spec.declared_files().items()

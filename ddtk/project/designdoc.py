@@ -29,6 +29,7 @@ NUMBER_KEYS = (
     "step_time_s", "checkpoint_cost_s", "mtbf_s", "young_interval_s", "daly_interval_s",
     "checkpoint_every_steps", "speedup_2", "speedup_4",
 )  # fmt: skip
+ZERO_ALLOWED = frozenset({"zero_stage"})  # every other number is a size, a time or a rate: > 0
 DEFAULT_SECTIONS = (
     "Parallelism choice", "Memory budget", "Checkpoint interval", "Scaling study",
     "Profile: bottleneck and fix", "At 64 GPUs", "Numbers",
@@ -59,18 +60,19 @@ def numbers_block(text: str) -> dict[str, Any]:
         raise DesignError("the ```yaml block under '## Numbers' is not a mapping")
     for key in NUMBER_KEYS:
         value = data.get(key)
-        kind_ok = (
-            isinstance(value, bool)
-            if key == "mixed_precision"
-            else (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and value >= 0
-            )
-        )
-        if not kind_ok:
-            raise DesignError(f"'## Numbers' has no valid {key!r} (got {value!r})")
+        if key == "mixed_precision":
+            if not isinstance(value, bool):
+                raise DesignError(
+                    f"'## Numbers' has no valid {key!r}: true or false (got {value!r})"
+                )
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value):
+            raise DesignError(f"'## Numbers' has no valid {key!r}: a number (got {value!r})")
+        least = 0 if key in ZERO_ALLOWED else None
+        if (least is None and value <= 0) or (least is not None and value < least):
+            want = ">= 0" if least is not None else "> 0"
+            raise DesignError(f"'## Numbers': {key} must be {want}, got {value!r}")
     return data
 
 
@@ -151,13 +153,19 @@ def design_doc(
         nums = numbers_block(text)
     except DesignError as exc:
         return CriterionResult(criterion, "fail", str(exc))
-    bad = recompute(nums, rtol, measured_params, speedups)
-    measured = {
-        "young_interval_s": round(young_interval(nums["checkpoint_cost_s"], nums["mtbf_s"]), 4),
-        "daly_interval_s": round(daly_interval(nums["checkpoint_cost_s"], nums["mtbf_s"]), 4),
-        "parameters_compared": measured_params is not None,
-        "speedups_compared": bool(speedups),
-    }
+    try:
+        bad = recompute(nums, rtol, measured_params, speedups)
+        measured = {
+            "young_interval_s": round(young_interval(nums["checkpoint_cost_s"], nums["mtbf_s"]), 4),
+            "daly_interval_s": round(daly_interval(nums["checkpoint_cost_s"], nums["mtbf_s"]), 4),
+            "parameters_compared": measured_params is not None,
+            "speedups_compared": bool(speedups),
+        }
+    except (
+        ValueError,
+        ArithmeticError,
+    ) as exc:  # numbers no formula accepts: a failure, not a crash
+        return CriterionResult(criterion, "fail", f"'## Numbers' cannot be recomputed: {exc}")
     if bad:
         return CriterionResult(criterion, "fail", "; ".join(bad), measured)
     notes = [] if measured_params is not None else ["parameters not compared (no run)"]

@@ -8,8 +8,10 @@ with throughput in samples/s from the check configuration. The checker verifies
 that speedup = throughput / throughput at 1 rank and efficiency = speedup / ranks
 (relative tolerance ``consistency_rtol``), reruns the check configuration at each
 world size and compares the speedups: each measured one must lie within a factor
-``speedup_factor`` of the reported one. Speedups, not absolute throughputs, are
-compared, because they depend much less on the machine and its load.
+``speedup_factor`` of the reported one, and a reported speedup (> 1) where the checker
+measured a slowdown (< 1) fails whatever the factor.
+Speedups, not absolute throughputs, are compared, because they depend much less on
+the machine and its load.
 """
 
 from __future__ import annotations
@@ -100,15 +102,35 @@ def scaling_study(
     speedups = {n: results[n] / results[ranks[0]] for n in ranks}
     measured["measured_throughput"] = {n: round(t, 2) for n, t in results.items()}
     measured["measured_speedup"] = {n: round(s, 3) for n, s in speedups.items()}
-    off = [n for n in ranks if not (1 / factor <= speedups[n] / report[n]["speedup"] <= factor)]
+    problem = compare_speedups({n: report[n]["speedup"] for n in ranks}, speedups, factor)
+    if problem:
+        return CriterionResult(criterion, "fail", problem, measured), report
     pairs = ", ".join(f"{n}: {report[n]['speedup']:.2f} vs {speedups[n]:.2f}" for n in ranks)
-    if off:
-        return CriterionResult(
-            criterion,
-            "fail",
-            f"reported vs measured speedup differ by more than {factor:g}x at {off} ranks ({pairs})",
-            measured,
-        ), report
     return CriterionResult(
         criterion, "pass", f"speedups reported vs measured within {factor:g}x ({pairs})", measured
     ), report
+
+
+def compare_speedups(
+    reported: dict[int, float], measured: dict[int, float], factor: float
+) -> str | None:
+    """Why the reported speedups disagree with the measured ones, or None when they agree.
+
+    A reported speedup (> 1) over a measured slowdown (< 1) always disagrees; otherwise
+    each measured speedup must be within a factor ``factor`` of the reported one.
+
+    >>> compare_speedups({1: 1.0, 2: 1.9}, {1: 1.0, 2: 0.8}, 3.0)
+    'the report claims a speedup at [2] ranks where the checker measured a slowdown (1: 1.00 vs 1.00, 2: 1.90 vs 0.80)'
+    >>> compare_speedups({1: 1.0, 2: 0.8}, {1: 1.0, 2: 1.6}, 3.0) is None
+    True
+    """
+    pairs = ", ".join(f"{n}: {reported[n]:.2f} vs {measured[n]:.2f}" for n in sorted(reported))
+    claimed = [n for n in sorted(reported) if reported[n] > 1 and measured[n] < 1]
+    if claimed:
+        return f"the report claims a speedup at {claimed} ranks where the checker measured a slowdown ({pairs})"
+    off = [n for n in sorted(reported) if not 1 / factor <= measured[n] / reported[n] <= factor]
+    if off:
+        return (
+            f"reported vs measured speedup differ by more than {factor:g}x at {off} ranks ({pairs})"
+        )
+    return None

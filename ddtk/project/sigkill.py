@@ -2,7 +2,8 @@
 
 The run starts on ``spec.ranks`` ranks under ``torchrun --max-restarts 1``. As soon as
 a commit marker (``outputs.checkpoints/outputs.commit_marker``, e.g.
-``step-000010/manifest.json``) appears, the checker notes the newest committed step
+``step-000010/manifest.json``) of a step after 0 appears (a step-0 commit holds no
+training, so resuming from it proves nothing), the checker notes the newest committed step
 and SIGKILLs the worker of rank ``kill_rank`` (never the launcher). torchrun then
 stops the other workers and restarts them all; they must resume. Pass when the run
 exits 0, every rank reports the full step count, ``start_step`` (where the final
@@ -54,8 +55,8 @@ class _Killer:
     def __call__(self, proc: subprocess.Popen) -> None:
         if self.killed_pid is not None:
             return
-        steps = committed_steps(self.spec, self.out)
-        if not steps:
+        steps = [s for s in committed_steps(self.spec, self.out) if s > 0]
+        if not steps:  # a commit at step 0 holds no training, so resuming from it proves nothing
             return
         pid = worker_pid(proc.pid, self.rank)
         if pid is None:
