@@ -90,6 +90,8 @@ MODULES = [
     "ddtk.quiz.session",
     "ddtk.quiz.widget",
     "ddtk.course.checks",
+    "ddtk.course.judging.audit",
+    "ddtk.project.scaling",
     "ddtk.monitoring",
     "ddtk.profiling.intervals",
     "ddtk.profiling.collect",

@@ -238,7 +238,48 @@ def cmd_check(args: argparse.Namespace) -> int:
         console.print(f"{len(findings)} problem(s) found")
         return EXIT_FAILED
     console.print(f"all {len(repo_notebooks(root))} notebooks under {root} pass the checks")
+    if getattr(args, "mutants", False):
+        return _check_mutants(root)
     return EXIT_OK
+
+
+def _check_mutants(root: Path) -> int:
+    """The mutant matrix of every lab with judged exercises: stub fails, solution passes,
+    every mutant fails; a table, and exit 1 on any other outcome."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ddtk.course.judges import judge_for
+    from ddtk.course.judging.mutants import load_mutants, mutant_matrix, mutants_file
+    from ddtk.course.notebooks import read_notebook
+
+    console, bad = _console(), 0
+    for solution_path in sorted((root / "solutions").glob("lab*.ipynb")):
+        judge = judge_for(solution_path.stem)
+        if judge is None:
+            console.print(f"{solution_path.stem}: no judged exercises yet (checked in the kernel)")
+            continue
+        file = mutants_file(solution_path)
+        mutants = load_mutants(file) if file.is_file() else {}
+        table = Table(title=f"{solution_path.stem}: the mutant matrix ({file.relative_to(root)})")
+        for name in ("exercise", "answer", "expected", "got", "message"):
+            table.add_column(name, overflow="fold")
+        with _progress() as progress:
+            task = progress.add_task(f"judging {solution_path.stem}", total=None)
+            rows = mutant_matrix(
+                judge, read_notebook(solution_path), read_notebook(root / "labs" / solution_path.name),
+                mutants, on_row=lambda r, t=task: progress.update(t, description=f"{r.exercise} {r.variant}"),
+            )  # fmt: skip
+        for r in rows:
+            style = "green" if r.ok else "bold red"
+            table.add_row(str(r.exercise), escape(r.variant), r.expected,
+                          f"[{style}]{r.status}[/]", escape(r.message[:200]))  # fmt: skip
+        console.print(table)
+        bad += sum(not r.ok for r in rows)
+    console.print(
+        f"{bad} unexpected outcome(s)" if bad else "every mutant fails, every solution passes"
+    )
+    return EXIT_FAILED if bad else EXIT_OK
 
 
 def cmd_strip(args: argparse.Namespace) -> int:
@@ -478,6 +519,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="check outputs, labs/ freshness and parameters cells")
     _add_root(p)
+    p.add_argument(
+        "--mutants", action="store_true",
+        help="also judge every lab's stub, solution and mutants (solutions/mutants/; minutes)",
+    )  # fmt: skip
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("strip", help="remove outputs and execution counts from notebooks in place")

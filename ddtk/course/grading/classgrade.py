@@ -63,10 +63,30 @@ class _Group:
         return [sub.student for sub, _notes in self.members]
 
 
-def _rows(group: _Group, specs: list[CheckSpec], run: Any) -> list[StudentResult]:
+def _judged(
+    lab: Path, solution: NotebookNode, nb: NotebookNode, parameters: Mapping[str, Any],
+    hide: list[Path],
+) -> dict[int, Any]:  # fmt: skip
+    """The verdicts of the lab's exercises judged outside the kernel (none when it has no judge)."""
+    from ddtk.course.judges import judge_for
+    from ddtk.course.judging import Verdict, judge_notebook
+
+    judge = judge_for(lab.stem)
+    if judge is None:
+        return {}
+    try:
+        return judge_notebook(judge, solution, nb, parameters=parameters, hide=hide)
+    except Exception as exc:  # the judge itself broke: this student's exercises are errors
+        why = f"the judge could not check it ({type(exc).__name__}: {exc})"
+        return {n: Verdict(n, e.title, "error", why) for n, e in judge.exercises.items()}
+
+
+def _rows(
+    group: _Group, specs: list[CheckSpec], run: Any, judged: dict[int, Any]
+) -> list[StudentResult]:
     rows = []
     for sub, notes in group.members:
-        row = score_run(sub.student, str(sub.path), specs, run, notes)
+        row = score_run(sub.student, str(sub.path), specs, run, notes, judged)
         # for the instructor's class report only: a student's own results never name another
         row.same_as = [s for s in group.students if s != sub.student]
         rows.append(row)
@@ -139,7 +159,8 @@ def grade_lab(
             run = cache.sandboxed(group.notebook, **limits, hide=hide)
         else:
             run = execute(group.notebook, **limits, hide=hide)
-        rows = _rows(group, specs, run)
+        judged = _judged(lab, solution, group.notebook, dict(parameters or {}), hide)
+        rows = _rows(group, specs, run, judged)
         if on_done is not None:
             on_done(rows)
         return rows

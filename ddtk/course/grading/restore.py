@@ -89,11 +89,14 @@ def _adopt_ids_by_tag(learner: NotebookNode, solution: NotebookNode) -> None:
     by_source: dict[tuple[Any, str], str] = {}
     for c in solution.cells:
         by_source.setdefault((c.get("cell_type"), c.get("source", "")), c["id"])
+    for cell_id, (kind, names) in _answer_cells(solution).items():
+        by_source.setdefault((kind, names[0]), cell_id)  # the stub of an exercise cell
     used: set[str] = set()
     for cell in learner.cells:
         found = by_source.get((cell.get("cell_type"), cell.get("source", "")))
         cell["id"] = found if found is not None and found not in used else None
         used.add(cell["id"])
+    _adopt_answer_ids(learner, solution, used)
     for tag in (CHECK_TAG, PARAMETERS_TAG):
         wanted = iter([c["id"] for c in solution.cells if tag in _tags(c) and c["id"] not in used])
         for cell in learner.cells:
@@ -103,6 +106,35 @@ def _adopt_ids_by_tag(learner: NotebookNode, solution: NotebookNode) -> None:
     for cell in learner.cells:
         if cell["id"] is None:
             cell["id"] = f"learner-{uuid.uuid4().hex[:8]}"
+
+
+def _answer_cells(solution: NotebookNode) -> dict[str, tuple[str, tuple[str, frozenset[str]]]]:
+    """Exercise cells of the solution: id -> (type, (the stub's source, the names it binds))."""
+    from ddtk.course.build import _stub_code
+    from ddtk.course.cellnames import binds
+
+    found = {}
+    for index, cell in enumerate(solution.cells):
+        source = cell.get("source", "")
+        if cell.get("cell_type") == "code" and "# BEGIN SOLUTION" in source:
+            stub, _titles = _stub_code(source, "solution", index, 1)
+            found[cell["id"]] = ("code", (stub, frozenset(binds(source))))
+    return found  # type: ignore[return-value]
+
+
+def _adopt_answer_ids(learner: NotebookNode, solution: NotebookNode, used: set[str]) -> None:
+    """An edited exercise cell without an id is the one that defines the same names."""
+    from ddtk.course.cellnames import binds
+
+    answers = {cid: names for cid, (_kind, (_stub, names)) in _answer_cells(solution).items()}
+    for cell in learner.cells:
+        if cell["id"] is not None or cell.get("cell_type") != "code":
+            continue
+        defined = binds(cell.get("source", ""))
+        match = [cid for cid, names in answers.items() if cid not in used and names and names <= defined]
+        if len(match) == 1:
+            cell["id"] = match[0]
+            used.add(match[0])
 
 
 def _anchor(out: list[Any], solution: NotebookNode, index: int) -> int:

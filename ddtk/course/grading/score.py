@@ -18,8 +18,9 @@ checks that ran before the run stopped are still listed).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ddtk.course.build import _stub_code
 from ddtk.course.labcheck import CHECK_TAG, plan
@@ -134,10 +135,18 @@ def exercise_results(specs: list[CheckSpec], run: Execution) -> list[ExerciseRes
 
 
 def score_run(
-    student: str, file: str, specs: list[CheckSpec], run: Execution, notes: list[str]
-) -> StudentResult:
-    """A student's row from a finished run."""
+    student: str, file: str, specs: list[CheckSpec], run: Execution, notes: list[str],
+    judged: Mapping[int, Any] | None = None,
+) -> StudentResult:  # fmt: skip
+    """A student's row from a finished run; ``judged`` (number -> verdict) replaces the
+    kernel's check outcome of the exercises judged outside it (:mod:`ddtk.course.judging`)."""
     exercises = exercise_results(specs, run)
+    if judged:
+        exercises = [
+            ExerciseResult(e.number, e.title, judged[e.number].status, judged[e.number].message)
+            if e.number in judged else e
+            for e in exercises
+        ]  # fmt: skip
     total = sum(len(s.exercises) for s in specs)
     if run.status != "completed":
         status, error = "error", run.reason

@@ -1,0 +1,103 @@
+"""The mutant matrix: the stub fails, the solution passes, every plausible wrong answer fails.
+
+A lab's mutants live beside its solution (``solutions/mutants/labNN.py``, a ``MUTANTS``
+dict; see that file). :func:`mutant_matrix` judges the stub, the solution and each
+mutant, one exercise at a time, and returns one row each; a row whose outcome is not
+the expected one is a hole in the check (or a broken mutant, whose replacement text is
+no longer in the solution).
+"""
+
+from __future__ import annotations
+
+import copy
+import runpy
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddtk.course.judging import LabJudge, judge_notebook
+
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
+
+Changes = tuple[str, list[tuple[str, str]]]
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    """One judged variant: which exercise, which answer, what should and did happen."""
+
+    exercise: int
+    variant: str  # "stub", "solution" or the mutant's name
+    expected: str  # "pass" or "fail"
+    status: str
+    message: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == self.expected
+
+
+def mutants_file(solution_path: Path) -> Path:
+    """Where the mutants of the solution notebook ``solution_path`` live."""
+    return solution_path.parent / "mutants" / f"{solution_path.stem.split('-')[0]}.py"
+
+
+def load_mutants(path: Path) -> dict[int, dict[str, Changes]]:
+    """The ``MUTANTS`` dict of a mutants file (instructor code: it is run to read it)."""
+    return runpy.run_path(str(path))["MUTANTS"]
+
+
+def mutate(solution: NotebookNode, changes: Changes) -> NotebookNode:
+    """The solution with one cell's replacements applied; ValueError when one no longer applies."""
+    cell_id, replacements = changes
+    nb = copy.deepcopy(solution)
+    cell = next((c for c in nb.cells if c.get("id") == cell_id), None)
+    if cell is None:
+        raise ValueError(f"the mutant changes cell {cell_id}, which the solution no longer has")
+    for old, new in replacements:
+        if old not in cell.source:
+            raise ValueError(f"the mutant's text {old[:60]!r} is no longer in cell {cell_id}")
+        cell.source = cell.source.replace(old, new)
+    return nb
+
+
+def mutant_matrix(
+    judge: LabJudge,
+    solution: NotebookNode,
+    stub: NotebookNode,
+    mutants: dict[int, dict[str, Changes]],
+    *,
+    on_row: Callable[[MatrixRow], None] | None = None,
+    **judge_kw: Any,
+) -> list[MatrixRow]:
+    """Judge the stub, the solution and every mutant of every judged exercise."""
+    rows = []
+
+    def add(row: MatrixRow) -> None:
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+
+    for number in sorted(judge.exercises):
+        variants: list[tuple[str, str, NotebookNode | None, str]] = [
+            ("stub", "fail", stub, ""), ("solution", "pass", solution, "")]  # fmt: skip
+        for name, changes in mutants.get(number, {}).items():
+            try:
+                variants.append((name, "fail", mutate(solution, changes), ""))
+            except ValueError as exc:
+                variants.append((name, "fail", None, str(exc)))
+        if len(variants) < 5:
+            add(MatrixRow(number, "(mutants)", "3 or more", str(len(variants) - 2),
+                          "fewer than three mutants for this exercise"))  # fmt: skip
+        for name, expected, nb, broken in variants:
+            if nb is None:
+                add(MatrixRow(number, name, expected, "broken", broken))
+                continue
+            verdict = judge_notebook(judge, solution, nb, only=(number,), **judge_kw)[number]
+            add(MatrixRow(number, name, expected, verdict.status, verdict.message))
+    return rows
+
+
+__all__ = ["MatrixRow", "load_mutants", "mutant_matrix", "mutants_file", "mutate"]

@@ -1,0 +1,134 @@
+"""Judged exercises (:mod:`ddtk.course.judging`): verdicts from outside the learner's process.
+
+- lab 03's mutant matrix: the stub fails, the solution passes, every plausible wrong
+  answer in ``solutions/mutants/lab03.py`` fails, with the message saying why;
+- answers that take a shortcut (an import of what the exercise builds, dynamic imports,
+  reading the judge's frames) earn nothing, without a process being started;
+- tampering in the learner's other cells never reaches the judge, and a worker that
+  answers with something other than data is refused;
+- the worker's confinement: it sees neither the solutions nor the grader's files.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from ddtk.course.judges import judge_for
+from ddtk.course.judging import judge_notebook
+from ddtk.course.judging.mutants import load_mutants, mutant_matrix, mutants_file
+from ddtk.course.judging.session import LearnerError, Worker
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB03 = ROOT / "solutions" / "lab03-fault-tolerant.ipynb"
+
+pytestmark = pytest.mark.notebook
+
+
+def _lab03() -> tuple[nbformat.NotebookNode, nbformat.NotebookNode]:
+    solution = nbformat.read(LAB03, as_version=4)
+    stub = nbformat.read(ROOT / "labs" / LAB03.name, as_version=4)
+    return solution, stub
+
+
+def _with_cell(nb: nbformat.NotebookNode, cell_id: str, source: str) -> nbformat.NotebookNode:
+    nb = copy.deepcopy(nb)
+    next(c for c in nb.cells if c.get("id") == cell_id).source = source
+    return nb
+
+
+@pytest.mark.slow
+def test_lab03_mutant_matrix_stub_fails_solution_passes_every_mutant_fails() -> None:
+    solution, stub = _lab03()
+    mutants = load_mutants(mutants_file(LAB03))
+    rows = mutant_matrix(judge_for(LAB03.stem), solution, stub, mutants)
+    bad = [r for r in rows if not r.ok]
+    assert not bad, "\n".join(f"{r.exercise} {r.variant}: {r.status} {r.message}" for r in bad)
+    for number, named in mutants.items():
+        assert len(named) >= 3, number
+    # each failure says what is wrong, not only that something is
+    words = {r.variant: r.message for r in rows}
+    assert "written in place" in words["written in place: no temporary file, fsync or rename"]
+    assert "without an fsync first" in words["renamed without an fsync"]
+    assert "not fsynced after" in words["the directory is never fsynced"]
+    assert (
+        "did not resume from the newest checkpoint"
+        in words["saves checkpoints but never loads one"]
+    )
+    assert "a seeded log with lost commit planted" in words["answers for the one log it was shown"]
+
+
+def test_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
+    import ddtk.course.judging as judging
+
+    solution, _stub = _lab03()
+    judge = judge_for(LAB03.stem)
+    monkeypatch.setattr(judging, "Worker", None)  # a shortcut must be caught before any process
+    cell = next(c for c in solution.cells if c.get("id") == "3a6f6f6b").source
+    cases = {
+        2: ("3a6f6f6b", cell.replace("import hashlib\n", "import hashlib\nfrom ddtk.checkpoint.atomic import atomic_save as _a\n"),
+            "imports ddtk.checkpoint.atomic.atomic_save"),
+        7: ("11371148", "import importlib\nlost_committed_steps = importlib.import_module('ddtk.course.judges.lab03')",
+            "uses importlib"),
+        1: ("9d288f91", "import sys\ndef capture_state(m, o, s):\n    return sys._getframe(1).f_locals\n"
+            "def restore_state(s, m, o):\n    return 5", "uses .f_locals"),
+        3: ("aedc4add", "import ddtk.course.checks as c\nc.expect = lambda *a, **k: None\ndef train(d, s):\n    return {}",
+            "imports ddtk.course.checks"),
+    }  # fmt: skip
+    for number, (cell_id, source, words) in cases.items():
+        nb = _with_cell(solution, cell_id, source)
+        verdict = judge_notebook(judge, solution, nb, only=(number,))[number]
+        assert verdict.status == "fail" and "earns nothing" in verdict.message, verdict
+        assert words in verdict.message, verdict
+
+
+def test_tampering_outside_the_answer_cells_never_reaches_the_judge() -> None:
+    solution, stub = _lab03()
+    tamper = (
+        "import ddtk.course.checks as checks, sys, types\n"
+        "checks.expect = lambda *a, **k: None\n"
+        "checks.CheckFailed = type('CheckFailed', (Exception,), {})\n"
+        "sys.modules['ddtk.course.judging'] = types.ModuleType('fake')\n"
+        "print('Exercise 1 passed: capture and restore the full state')\n"
+        "get_ipython().showtraceback = lambda *a, **k: None\n"
+        "accuracy_threshold = 0\n"
+    )
+    nb = copy.deepcopy(stub)
+    nb.cells.insert(3, nbformat.v4.new_code_cell(tamper))
+    verdict = judge_notebook(judge_for(LAB03.stem), solution, nb, only=(1,))[1]
+    assert verdict.status == "fail" and "not done yet" in verdict.message, verdict
+
+
+def test_a_worker_answers_with_data_only_and_sees_no_solution() -> None:
+    from ddtk.course.grading.jail import confinement
+
+    if not confinement().namespaces:
+        pytest.skip(confinement().summary())
+    with Worker([("setup", "import os, pathlib")], timeout=60, hide=[ROOT / "solutions"]) as w:
+        w.exec(
+            "answer",
+            "class Liar:\n    def __eq__(self, other):\n        return True\nliar = Liar()",
+        )
+        with pytest.raises(LearnerError, match=r"could not be sent|could not be read"):
+            w.probe("ddtk.course.judging.worker:value_of", name="liar")
+        assert w.probe("ddtk.course.judging.worker:value_of", name="__name__") == "__main__"
+        w.exec("look", f"seen = os.listdir({str(ROOT / 'solutions')!r})")
+        assert w.probe("ddtk.course.judging.worker:value_of", name="seen") == []
+        with pytest.raises(LearnerError, match=r"Read-only|Permission|No such"):
+            w.exec("escape", f"open({str(ROOT / 'ddtk' / 'pwned')!r}, 'w')")
+    assert not (ROOT / "ddtk" / "pwned").exists()
+
+
+def test_course_check_mutants_reports_a_hole_and_fails(monkeypatch, capsys) -> None:
+    import ddtk.course.judging.mutants as mutants
+    from ddtk.course.cli import main
+
+    hole = mutants.MatrixRow(2, "renamed without an fsync", "fail", "pass", "")
+    monkeypatch.setattr(mutants, "mutant_matrix", lambda *a, **k: [hole])
+    assert main(["check", "--mutants", "--root", str(ROOT)]) == 1
+    out = capsys.readouterr().out
+    assert "renamed without an fsync" in out and "1 unexpected outcome(s)" in out
+    assert "lab01-ray-train: no judged exercises yet" in out
