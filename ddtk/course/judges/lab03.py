@@ -344,11 +344,12 @@ def check_atomic(ctx: Context) -> None:
         want[10],
         "after saves at 5 and 10",
     )
-    (run_dir / "step-00000015.pt").write_bytes(b"half a checkpoint")  # a torn commit
+    newest = run_dir / committed[max(committed)]
+    # a torn commit: a whole, loadable data file whose manifest was never written
+    (run_dir / "step-00000015.pt").write_bytes(newest.read_bytes())
     (run_dir / "step-00000020.pt.tmp").write_bytes(b"never renamed")
     _loaded(worker.probe(f"{_P}:probe_load", run_dir=str(run_dir)), 10, want[10],
-            "with a data file that has no manifest and a leftover .tmp")  # fmt: skip
-    newest = run_dir / committed[max(committed)]
+            "with a complete data file that has no manifest (a torn commit) and a leftover .tmp")  # fmt: skip
     offset = corrupt_file(newest, seed=ctx.seed)
     _loaded(worker.probe(f"{_P}:probe_load", run_dir=str(run_dir)), 5, want[5],
             f"after the judge flipped a byte of step 10's data file (offset {offset})")  # fmt: skip
