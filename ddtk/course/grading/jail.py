@@ -202,6 +202,8 @@ class Jail:
         ``/tmp`` and ``/dev/shm`` hold ``tmp_mb`` MiB each (0: the system's default size)."""
         launcher = [sys.executable, "-I", str(_LAUNCHER)]
         for key, value in limits.items():
+            if key == "nproc" and not self.conf.own_user:
+                continue  # RLIMIT_NPROC counts every task of the uid: the grader's own, here
             launcher += [f"--{key.replace('_', '-')}", str(int(value))]
         if self.conf.own_user:
             launcher += ["--uid", str(self.uid)]
