@@ -115,7 +115,7 @@ class JobConfig:
 
 JOBS: dict[str, JobConfig] = {
     "baseline": JobConfig(description="a healthy job: compute-bound, one all-reduce bucket"),
-    "input-bound": JobConfig(data_ms=40.0, description="40 ms of input work per batch in the training process"),
+    "input-bound": JobConfig(data_ms=80.0, description="80 ms of input work per batch in the training process"),
     "straggler": JobConfig(straggler_rank=-1, straggler_ms=40.0,
                            description="the last rank computes 40 ms longer every step"),
     "comm-bound": JobConfig(batch_size=8, hidden=1536, layers=4, bucket_cap_mb=100.0,
@@ -124,7 +124,7 @@ JOBS: dict[str, JobConfig] = {
                               description="50 KB DDP buckets: many small all-reduces per step"),
     "sync-every-microbatch": JobConfig(micro_batches=4, no_sync=False,
                                        description="4 accumulation micro-batches, each all-reduced"),
-    "slow": JobConfig(batch_size=256, data_ms=60.0, bucket_cap_mb=0.05, micro_batches=4,
+    "slow": JobConfig(batch_size=256, data_ms=100.0, bucket_cap_mb=0.05, micro_batches=4,
                       no_sync=False, straggler_rank=-1, straggler_ms=80.0, layers=4,
                       description="every planted problem at once, float32 included (lab 04's starting point)"),
 }  # fmt: skip
