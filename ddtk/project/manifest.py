@@ -5,7 +5,7 @@
 >>> _ = (d / "project.yaml").write_text('''
 ... name: demo
 ... entry: train.py
-... check: {steps: 20, args: [--steps, "{steps}", --out, "{out}"]}
+... check: {steps: 20, global_batch: 32, args: [--steps, "{steps}", --out, "{out}"]}
 ... outputs: {metrics: "metrics/rank-{rank}.json", checkpoints: checkpoints,
 ...           commit_marker: "step-*/manifest.json"}
 ... reports: {scaling: scaling.json, design: DESIGN.md}
@@ -32,7 +32,7 @@ from typing import Any
 
 MANIFEST = "project.yaml"
 _TOP = {"name", "entry", "check", "outputs", "reports"}
-_CHECK = {"steps", "args", "ranks", "timeout_s"}
+_CHECK = {"steps", "args", "global_batch", "ranks", "timeout_s"}
 _OUTPUTS = {"metrics", "checkpoints", "commit_marker"}
 _REPORTS = {"scaling", "design"}
 
@@ -50,6 +50,7 @@ class ProjectSpec:
     entry: str
     steps: int
     args: tuple[str, ...]
+    global_batch: int
     ranks: int
     timeout_s: float
     metrics: str
@@ -119,7 +120,7 @@ def _seconds(where: str, value: Any) -> float:
 def parse_project(data: Any, root: Path) -> ProjectSpec:
     """Validate the parsed YAML ``data`` of ``root/project.yaml``."""
     top = _keys(MANIFEST, data, _TOP, _TOP)
-    check = _keys(f"{MANIFEST}: check", top["check"], _CHECK, {"steps", "args"})
+    check = _keys(f"{MANIFEST}: check", top["check"], _CHECK, {"steps", "args", "global_batch"})
     outputs = _keys(f"{MANIFEST}: outputs", top["outputs"], _OUTPUTS, _OUTPUTS)
     reports = _keys(f"{MANIFEST}: reports", top["reports"], _REPORTS, _REPORTS)
     entry = _relative(f"{MANIFEST}: entry", top["entry"])
@@ -144,6 +145,7 @@ def parse_project(data: Any, root: Path) -> ProjectSpec:
         entry=entry,
         steps=_int(f"{MANIFEST}: check.steps", check["steps"], 1),
         args=tuple(args),
+        global_batch=_int(f"{MANIFEST}: check.global_batch", check["global_batch"], 1),
         ranks=_int(f"{MANIFEST}: check.ranks", check.get("ranks", 2), 2),
         timeout_s=_seconds(f"{MANIFEST}: check.timeout_s", check.get("timeout_s", 60)),
         metrics=metrics,

@@ -18,6 +18,7 @@ AUTOMATIC_IDS = (
     "runs-on-N-ranks",
     "survives-sigkill",
     "scaling-study",
+    "sharded-state",
     "design-doc",
 )
 

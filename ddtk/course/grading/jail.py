@@ -171,7 +171,7 @@ class Jail:
         """The kernel's ``TMPDIR``: a private ``/tmp`` in namespaces, else inside its folder."""
         return Path("/tmp") if self.conf.namespaces else self.folder / "tmp"
 
-    def _bwrap_args(self, tmp_mb: int) -> list[str]:
+    def _bwrap_args(self, tmp_mb: int, cwd: Path | None = None) -> list[str]:
         size = ["--size", str(tmp_mb * 2**20)] if tmp_mb else []
         args = [self.conf.bwrap or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev",
                 "--perms", "1777", *size, "--tmpfs", "/dev/shm",
@@ -192,14 +192,16 @@ class Jail:
         for parent in reversed(self.folder.parents):  # inside the private /tmp: traversable
             if Path("/tmp") in parent.parents:
                 args += ["--perms", "0711", "--dir", str(parent)]
-        args += ["--bind", str(self.folder), str(self.folder), "--chdir", str(self.folder)]
+        args += ["--bind", str(self.folder), str(self.folder), "--chdir", str(cwd or self.folder)]
         return args
 
     def wrap(
-        self, cmd: list[str], limits: Mapping[str, int], chown: Iterable[str] = (), tmp_mb: int = 0
-    ) -> list[str]:
+        self, cmd: list[str], limits: Mapping[str, int], chown: Iterable[str] = (), tmp_mb: int = 0,
+        cwd: Path | None = None,
+    ) -> list[str]:  # fmt: skip
         """``cmd`` run inside the jail, under ``limits`` (see :mod:`.limits`); its private
-        ``/tmp`` and ``/dev/shm`` hold ``tmp_mb`` MiB each (0: the system's default size)."""
+        ``/tmp`` and ``/dev/shm`` hold ``tmp_mb`` MiB each (0: the system's default size);
+        ``cwd``: its working folder, inside :attr:`folder` (default: the folder itself)."""
         launcher = [sys.executable, "-I", str(_LAUNCHER)]
         for key, value in limits.items():
             if key == "nproc" and not self.conf.own_user:
@@ -211,7 +213,7 @@ class Jail:
                 launcher += ["--chown", path]
         launcher += ["--", *cmd]
         if self.conf.namespaces:
-            return [*self._bwrap_args(tmp_mb), *launcher]
+            return [*self._bwrap_args(tmp_mb, cwd), *launcher]
         return launcher
 
 
