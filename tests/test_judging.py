@@ -16,10 +16,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from judging_support import notebook_pair, proved_matrix, with_cell
 
 from ddtk.course.judges import judge_for
 from ddtk.course.judging import judge_notebook
-from ddtk.course.judging.mutants import load_mutants, mutant_matrix, mutants_file
+from ddtk.course.judging.mutants import load_mutants, mutants_file
 from ddtk.course.judging.session import LearnerError, Worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,28 +30,17 @@ pytestmark = pytest.mark.notebook
 
 
 def _lab03() -> tuple[nbformat.NotebookNode, nbformat.NotebookNode]:
-    solution = nbformat.read(LAB03, as_version=4)
-    stub = nbformat.read(ROOT / "labs" / LAB03.name, as_version=4)
-    return solution, stub
-
-
-def _with_cell(nb: nbformat.NotebookNode, cell_id: str, source: str) -> nbformat.NotebookNode:
-    nb = copy.deepcopy(nb)
-    next(c for c in nb.cells if c.get("id") == cell_id).source = source
-    return nb
+    return notebook_pair(LAB03)
 
 
 @pytest.mark.slow
 def test_lab03_mutant_matrix_stub_fails_solution_passes_every_mutant_fails() -> None:
     solution, stub = _lab03()
     mutants = load_mutants(mutants_file(LAB03))
-    rows = mutant_matrix(judge_for(LAB03.stem), solution, stub, mutants)
-    bad = [r for r in rows if not r.ok]
-    assert not bad, "\n".join(f"{r.exercise} {r.variant}: {r.status} {r.message}" for r in bad)
+    words = proved_matrix(judge_for(LAB03.stem), solution, stub, mutants)
     for number, named in mutants.items():
         assert len(named) >= 3, number
     # each failure says what is wrong, not only that something is
-    words = {r.variant: r.message for r in rows}
     assert "written in place" in words["written in place: no temporary file, fsync or rename"]
     assert "without an fsync first" in words["renamed without an fsync"]
     assert "not fsynced after" in words["the directory is never fsynced"]
@@ -79,7 +69,7 @@ def test_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
             "imports ddtk.course.checks"),
     }  # fmt: skip
     for number, (cell_id, source, words) in cases.items():
-        nb = _with_cell(solution, cell_id, source)
+        nb = with_cell(solution, cell_id, source)
         verdict = judge_notebook(judge, solution, nb, only=(number,))[number]
         assert verdict.status == "fail" and "earns nothing" in verdict.message, verdict
         assert words in verdict.message, verdict
@@ -130,5 +120,17 @@ def test_course_check_mutants_reports_a_hole_and_fails(monkeypatch, capsys) -> N
     monkeypatch.setattr(mutants, "mutant_matrix", lambda *a, **k: [hole])
     assert main(["check", "--mutants", "--root", str(ROOT)]) == 1
     out = capsys.readouterr().out
-    assert "renamed without an fsync" in out and "1 unexpected outcome(s)" in out
-    assert "lab01-ray-train: no judged exercises yet" in out
+    assert (
+        "renamed without an fsync" in out and "lab03-fault-tolerant: 1 unexpected outcome(s)" in out
+    )
+    judged = [
+        "lab01",
+        "lab02",
+        "lab03",
+        "lab04",
+        "lecture01",
+        "lecture02",
+        "lecture03",
+        "lecture04",
+    ]
+    assert f"{len(judged)} unexpected outcome(s) in all" in out  # every lab and lecture is judged

@@ -1,0 +1,43 @@
+"""What the tests of judged exercises share: a notebook's solution and stub, a notebook
+with one cell replaced, and a mutant matrix with every row as expected."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import nbformat
+
+from ddtk.course.judging import LabJudge
+from ddtk.course.judging.mutants import MatrixRow, mutant_matrix, stub_lecture
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def notebook_pair(path: Path) -> tuple[nbformat.NotebookNode, nbformat.NotebookNode]:
+    """The solution at ``path`` and its stub: a lab's generated ``labs/`` copy, or a
+    lecture stubbed in memory."""
+    solution = nbformat.read(path, as_version=4)
+    if path.parent.name == "course":
+        return solution, stub_lecture(solution, path.name)[0]
+    return solution, nbformat.read(ROOT / "labs" / path.name, as_version=4)
+
+
+def with_cell(nb: nbformat.NotebookNode, cell_id: str, source: str) -> nbformat.NotebookNode:
+    """A copy of ``nb`` with cell ``cell_id``'s source replaced."""
+    nb = copy.deepcopy(nb)
+    next(c for c in nb.cells if c.get("id") == cell_id).source = source
+    return nb
+
+
+def proved_matrix(
+    judge: LabJudge, solution: nbformat.NotebookNode, stub: nbformat.NotebookNode, mutants: dict
+) -> dict[str, str]:
+    """Run the matrix; fail on any unexpected row or an exercise with fewer than three
+    mutants; return each variant's message, for asserting that it says why."""
+    rows: list[MatrixRow] = mutant_matrix(judge, solution, stub, mutants)
+    bad = [r for r in rows if not r.ok]
+    assert not bad, "\n".join(f"{r.exercise} {r.variant}: {r.status} {r.message}" for r in bad)
+    for number in judge.exercises:
+        assert len(mutants.get(number, {})) >= 3, f"exercise {number} has fewer than 3 mutants"
+    return {r.variant: r.message for r in rows}
