@@ -42,12 +42,13 @@ def main(argv: list[str] | None = None) -> dict:
     model = build_model("resnet", seed=0)
     lr = args.lr * hvd.size()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    # wrap first: DistributedOptimizer builds a new optimizer, which state given before would miss
     optimizer = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), compression=compression
     )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     steps_per_epoch = len(train) // (args.batch_size * hvd.size())
     step, metrics = 0, {}
     for epoch in range(args.epochs):
