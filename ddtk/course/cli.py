@@ -243,9 +243,26 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _judged_notebooks(root: Path) -> list[tuple[Path, Any]]:
+    """``(solution path, stub notebook)`` of every lab and every lecture with exercises:
+    a lab's stub is its generated ``labs/`` copy, a lecture's is made here, in memory, by
+    the same stub generation (``ddtk course build``)."""
+    from ddtk.course.judging.mutants import stub_lecture
+    from ddtk.course.notebooks import read_notebook
+
+    found = []
+    for path in sorted((root / "solutions").glob("lab*.ipynb")):
+        found.append((path, read_notebook(root / "labs" / path.name)))
+    for path in sorted((root / "course").glob("[0-9][0-9]-*.ipynb")):
+        stub, exercises = stub_lecture(read_notebook(path), path.name)
+        if exercises:
+            found.append((path, stub))
+    return found
+
+
 def _check_mutants(root: Path) -> int:
-    """The mutant matrix of every lab with judged exercises: stub fails, solution passes,
-    every mutant fails; a table, and exit 1 on any other outcome."""
+    """The mutant matrix of every lab and lecture with judged exercises: stub fails,
+    solution passes, every mutant fails; a table, and exit 1 on any other outcome."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -254,7 +271,7 @@ def _check_mutants(root: Path) -> int:
     from ddtk.course.notebooks import read_notebook
 
     console, bad = _console(), 0
-    for solution_path in sorted((root / "solutions").glob("lab*.ipynb")):
+    for solution_path, stub in _judged_notebooks(root):
         judge = judge_for(solution_path.stem)
         if judge is None:
             console.print(f"{solution_path.stem}: no judged exercises yet (checked in the kernel)")
@@ -267,17 +284,22 @@ def _check_mutants(root: Path) -> int:
         with _progress() as progress:
             task = progress.add_task(f"judging {solution_path.stem}", total=None)
             rows = mutant_matrix(
-                judge, read_notebook(solution_path), read_notebook(root / "labs" / solution_path.name),
-                mutants, on_row=lambda r, t=task: progress.update(t, description=f"{r.exercise} {r.variant}"),
+                judge, read_notebook(solution_path), stub, mutants,
+                on_row=lambda r, t=task: progress.update(t, description=f"{r.exercise} {r.variant}"),
             )  # fmt: skip
         for r in rows:
             style = "green" if r.ok else "bold red"
             table.add_row(str(r.exercise), escape(r.variant), r.expected,
                           f"[{style}]{r.status}[/]", escape(r.message[:200]))  # fmt: skip
         console.print(table)
-        bad += sum(not r.ok for r in rows)
+        wrong = sum(not r.ok for r in rows)
+        if wrong:
+            console.print(f"{solution_path.stem}: {wrong} unexpected outcome(s)")
+        bad += wrong
     console.print(
-        f"{bad} unexpected outcome(s)" if bad else "every mutant fails, every solution passes"
+        f"{bad} unexpected outcome(s) in all"
+        if bad
+        else "every mutant fails, every solution passes"
     )
     return EXIT_FAILED if bad else EXIT_OK
 
@@ -521,7 +543,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_root(p)
     p.add_argument(
         "--mutants", action="store_true",
-        help="also judge every lab's stub, solution and mutants (solutions/mutants/; minutes)",
+        help="also judge every lab's and lecture's stub, solution and mutants (solutions/mutants/; minutes)",
     )  # fmt: skip
     p.set_defaults(func=cmd_check)
 

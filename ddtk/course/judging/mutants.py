@@ -1,10 +1,10 @@
 """The mutant matrix: the stub fails, the solution passes, every plausible wrong answer fails.
 
 A lab's mutants live beside its solution (``solutions/mutants/labNN.py``, a ``MUTANTS``
-dict; see that file). :func:`mutant_matrix` judges the stub, the solution and each
-mutant, one exercise at a time, and returns one row each; a row whose outcome is not
-the expected one is a hole in the check (or a broken mutant, whose replacement text is
-no longer in the solution).
+dict; see that file), a lecture's with them (``solutions/mutants/lectureNN.py``).
+:func:`mutant_matrix` judges the stub, the solution and each mutant, one exercise at a
+time, and returns one row each; a row whose outcome is not the expected one is a hole
+in the check (or a broken mutant, whose replacement text is no longer in the solution).
 """
 
 from __future__ import annotations
@@ -40,8 +40,27 @@ class MatrixRow:
 
 
 def mutants_file(solution_path: Path) -> Path:
-    """Where the mutants of the solution notebook ``solution_path`` live."""
-    return solution_path.parent / "mutants" / f"{solution_path.stem.split('-')[0]}.py"
+    """Where the mutants of the solution notebook ``solution_path`` live: beside a lab
+    (``solutions/mutants/lab03.py``); for a lecture (``course/02-ray.ipynb``, which
+    learners receive whole), with the labs' (``solutions/mutants/lecture02.py``)."""
+    word = solution_path.stem.split("-")[0]
+    if word.isdigit():
+        return solution_path.parent.parent / "solutions" / "mutants" / f"lecture{word}.py"
+    return solution_path.parent / "mutants" / f"{word}.py"
+
+
+def stub_lecture(lecture: NotebookNode, notebook: str = "<lecture>") -> tuple[NotebookNode, int]:
+    """A lecture as a learner starts its exercises, and how many it has: every code cell's
+    solution blocks replaced by the stub ``ddtk course build`` writes for a lab, numbered
+    in the same way. Markdown is left alone: a lecture's prose may name the markers."""
+    from ddtk.course.build import _stub_code
+
+    stub, count = copy.deepcopy(lecture), 0
+    for index, cell in enumerate(stub.cells):
+        if cell.get("cell_type") == "code":
+            cell["source"], titles = _stub_code(cell.get("source", ""), notebook, index, count + 1)
+            count += len(titles)
+    return stub, count
 
 
 def load_mutants(path: Path) -> dict[int, dict[str, Changes]]:
@@ -100,4 +119,4 @@ def mutant_matrix(
     return rows
 
 
-__all__ = ["MatrixRow", "load_mutants", "mutant_matrix", "mutants_file", "mutate"]
+__all__ = ["MatrixRow", "load_mutants", "mutant_matrix", "mutants_file", "mutate", "stub_lecture"]
