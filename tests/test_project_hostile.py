@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -42,9 +43,25 @@ def _rubric(tmp_path: Path, ids: tuple[str, ...]) -> Path:
     return path
 
 
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
 def _check(tmp_path: Path, mode: str, ids: tuple[str, ...] | None = None):
+    """Check the ``mode`` submission; then nothing of it may run on, and its folder (the
+    original: runs work on a copy) must be exactly as it was."""
     rubric = load_rubric(_rubric(tmp_path, ids) if ids else None)
-    result = check_project(_submission(tmp_path, mode), rubric, timeout_s=60)
+    sub = _submission(tmp_path, mode)
+    before = _files(sub)
+    result = check_project(sub, rubric, timeout_s=60)
+    assert _files(sub) == before, "a run changed the submission's own folder"
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        text = " ".join(proc.info.get("cmdline") or []) + " " + str(proc.info.get("cwd") or "")
+        assert "ddtk-project-" not in text, (
+            f"process {proc.pid} of the check is still running: {text}"
+        )
     return result, {r.criterion.id: r for r in result.results}
 
 
