@@ -49,6 +49,17 @@ def test_lab03_mutant_matrix_stub_fails_solution_passes_every_mutant_fails() -> 
         in words["saves checkpoints but never loads one"]
     )
     assert "a seeded log with lost commit planted" in words["answers for the one log it was shown"]
+    elastic = {
+        "never resumes from ray.train.get_checkpoint()": "did not resume from ray.train.get_checkpoint()",
+        "restores the weights and the step, not the optimizer": "is the whole state restored?",
+        "every rank trains on rank 0's share": "what rank 1 trained on",
+        "reports at every step": "ray.train.report calls",
+        "every rank attaches a checkpoint": "rank 0 alone attaches the checkpoint",
+        "a fixed number of workers": "ScalingConfig.num_workers",
+        "no RunEvents callback": "RunConfig.callbacks",
+    }
+    for variant, said in elastic.items():
+        assert said in words[variant], (variant, words[variant])
 
 
 def test_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
@@ -67,6 +78,8 @@ def test_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
             "def restore_state(s, m, o):\n    return 5", "uses .f_locals"),
         3: ("aedc4add", "import ddtk.course.checks as c\nc.expect = lambda *a, **k: None\ndef train(d, s):\n    return {}",
             "imports ddtk.course.checks"),
+        5: ("5b9bab2f", "from ddtk.recovery.ray_train import train_loop\nelastic_trainer = None",
+            "imports ddtk.recovery.ray_train.train_loop"),
     }  # fmt: skip
     for number, (cell_id, source, words) in cases.items():
         nb = with_cell(solution, cell_id, source)

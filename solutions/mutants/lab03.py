@@ -8,7 +8,7 @@ stub fails, the solution passes and every mutant fails, with the message saying 
 """
 
 CAPTURE, SAVE, TRAIN, CONSISTENCY = "9d288f91", "3a6f6f6b", "aedc4add", "11371148"
-SHARD, RECOVERY = "3dbab0ba", "dc36b336"
+SHARD, RECOVERY, ELASTIC = "3dbab0ba", "dc36b336", "5b9bab2f"
 
 MUTANTS = {
     1: {
@@ -135,6 +135,66 @@ MUTANTS = {
         "the same samples at every step": (SHARD, [
             ("    return global_ids(step)[rank * share", "    return global_ids(0)[rank * share"),
         ]),
+    },
+    5: {
+        "never resumes from ray.train.get_checkpoint()": (
+            ELASTIC,
+            [
+                ("    checkpoint = ray.train.get_checkpoint()\n", "    checkpoint = None\n"),
+            ],
+        ),
+        "restores the weights and the step, not the optimizer": (
+            ELASTIC,
+            [
+                (
+                    "            step = restore_state(\n"
+                    '                torch.load(Path(d) / "state.pt", weights_only=False), model, optimizer\n'
+                    "            )\n",
+                    '            state = torch.load(Path(d) / "state.pt", weights_only=False)\n'
+                    '            model.load_state_dict(state["model"])\n'
+                    '            step = state["step"]\n',
+                ),
+            ],
+        ),
+        "every rank trains on rank 0's share": (
+            ELASTIC,
+            [
+                (
+                    "        ids = shard(step, rank, world)\n",
+                    "        ids = shard(step, 0, world)\n",
+                ),
+            ],
+        ),
+        "reports at every step": (
+            ELASTIC,
+            [
+                (
+                    '        if step % config["checkpoint_every"] == 0 or step >= stop_step(config):\n',
+                    "        if True:\n",
+                ),
+            ],
+        ),
+        "every rank attaches a checkpoint": (
+            ELASTIC,
+            [
+                ("                if rank == 0:\n", "                if True:\n"),
+            ],
+        ),
+        "a fixed number of workers": (
+            ELASTIC,
+            [
+                (
+                    '            num_workers=(1, config["max_workers"]),\n',
+                    '            num_workers=config["max_workers"],\n',
+                ),
+            ],
+        ),
+        "no RunEvents callback": (
+            ELASTIC,
+            [
+                ('            callbacks=[RunEvents(config["log_dir"])],\n', ""),
+            ],
+        ),
     },
     6: {
         "steps lost without the step in flight": (RECOVERY, [

@@ -685,9 +685,15 @@ class _Shard:
 
 
 def _install_ray_stand_in(rank: int, world: int, node_id: str, shards: dict[str, _Shard],
-                          storage: str, observer: _Observer) -> list[dict[str, Any]]:  # fmt: skip
+                          storage: str, observer: _Observer, *, checkpoint: str | None = None,
+                          read: Callable[[Any, str], dict[str, Any]] | None = None,
+                          ) -> list[dict[str, Any]]:  # fmt: skip
     """Put stand-ins of ``ray``, ``ray.train`` and ``ray.train.torch`` in ``sys.modules``
-    of this rank; return the list each ``ray.train.report`` appends to."""
+    of this rank; return the list each ``ray.train.report`` appends to.
+
+    ``checkpoint``: the directory ``ray.train.get_checkpoint()`` hands out (None: a fresh
+    run); ``read(folder, name)``: what a reported checkpoint's copy holds, as data (by
+    default :func:`_read_checkpoint`, lab 01's ``model.pt``)."""
     import shutil
     from pathlib import Path
 
@@ -737,7 +743,7 @@ def _install_ray_stand_in(rank: int, world: int, node_id: str, shards: dict[str,
             name = checkpoint_dir_name or f"checkpoint_{len(reports):06d}"
             target = Path(storage) / f"rank{rank}" / name
             shutil.copytree(checkpoint.path, target)
-            entry["checkpoint"] = _read_checkpoint(target, name)
+            entry["checkpoint"] = (read or _read_checkpoint)(target, name)
         reports.append(entry)
 
     class RuntimeContext:
@@ -764,7 +770,7 @@ def _install_ray_stand_in(rank: int, world: int, node_id: str, shards: dict[str,
     train.get_context = TrainContext
     train.get_dataset_shard = lambda name: shards[name]
     train.report = report
-    train.get_checkpoint = lambda: None
+    train.get_checkpoint = lambda: None if checkpoint is None else Checkpoint(checkpoint)
     train.Checkpoint = Checkpoint
     train_torch.prepare_model = prepare_model
     train_torch.get_device = lambda: torch.device("cpu")

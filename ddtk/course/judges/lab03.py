@@ -1,4 +1,4 @@
-"""Lab 03 (a fault-tolerant training system): the judged exercises 1, 2, 3, 4, 6 and 7.
+"""Lab 03 (a fault-tolerant training system): the judged exercises 1 to 7.
 
 Each check computes what a correct answer produces with the lab's own set-up code
 (``ctx.ref``, instructor code only) and compares it with what the learner's code
@@ -20,11 +20,33 @@ can carry:
    ends where the judge's reference does. A ``train()`` that recomputes cannot.
 4. **each rank's share**: every world size on a data order seeded with the secret, and
    the world sizes that must be refused.
+5. **the elastic training loop and its trainer**: ``train_loop`` runs on real gloo
+   ranks (``ddtk.launch``) under lab 01's stand-in of Ray Train's worker API, on a data
+   set and a data order seeded with the secret and a model seed the notebook never
+   used. ``get_checkpoint()`` hands out a checkpoint the learner's own ``capture_state``
+   wrote of a state only the judge knows (steps with momentum, then secret noise in the
+   weights). On one rank (stopped by the stop file) and on two ranks, the start events
+   must say where the run resumed, each rank must log each step once with its
+   ``shard(step, rank, world)``, and the parameters the probe reads from the prepared
+   model must be bit for bit the judge's own continuation; a third run, with no
+   checkpoint, must start at 0. The stand-in's ``report`` records every call: the steps
+   must be the multiples of ``checkpoint_every`` and the last step, rank 0 alone must
+   attach a checkpoint, and each one is read back (``restore_state`` into a fresh model)
+   and its step, weights and momentum compared with the judge's own run at that step.
+   ``elastic_trainer`` is called on seeded configs in the worker, where the
+   ``TorchTrainer`` stays; its worker range, resize interval, ``max_failures``,
+   ``num_to_keep`` and ``RunEvents`` callback come back as data. Ray Train itself does
+   not run here (a ``TorchTrainer.fit`` costs seconds even in local mode): the
+   notebook's own check runs it in local mode.
 6. **measure each recovery** and 7. **consistency checks**: run on seeded logs the
    learner has never seen (for 7, clean ones and ones with faults planted); the judge
    computes every number and knows every violation it planted.
 
-Exercise 5 (the elastic Ray Train loop) is still checked in the notebook's kernel.
+Exercise 5's worker also runs part 2's set-up cell (``log_event``, ``stop_step``,
+``RunEvents``; it imports Ray Train for the ``TorchTrainer``), as one of the exercise's
+cells: only that worker pays for Ray's import. The probe replaces the data set and the
+data order it defines with the judge's, so an edit there changes nothing the judge
+compares.
 """
 
 from __future__ import annotations
@@ -39,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtk.course.checks import CheckFailed, expect
+from ddtk.course.judges.lab01 import _install_ray_stand_in, _Observer, _plain, _rank_failure
 from ddtk.course.judging import Context, Exercise, LabJudge, check_here
 
 _P = __name__
@@ -426,6 +449,358 @@ def check_shard(ctx: Context) -> None:
                expected=want, got=value)  # fmt: skip
 
 
+# ------------------------------------------------------------------ exercise 5
+
+_PART2 = "69e816fd"  # part 2's set-up: the data, log_event, stop_step, RunEvents
+_HANDED_OUT = tuple(f"ddtk.recovery.common.{n}" for n in ("build", "fingerprint", "global_batch",
+                                                          "loss_fn"))  # fmt: skip
+
+
+def lab_dataset(seed: int) -> tuple[Any, Any]:
+    """The lab's data set (its ``X, Y``) for ``seed``: 96 samples of 16 features, 4 classes."""
+    from ddtk.recovery.common import global_batch
+
+    return global_batch(10_000, batch_size=DATASET_SIZE, seed=seed)
+
+
+def train_reference(model: Any, optimizer: Any, data: tuple[Any, Any], seed: int, first: int,
+                    last: int, world: int) -> None:  # fmt: skip
+    """Steps ``first..last-1`` as the lab's ``replay`` trains them on ``world`` simulated
+    ranks: each rank's contiguous share, its gradient scaled by 1/world and the shares added
+    in rank order (what DDP gives, bit for bit, on 1 and 2 ranks)."""
+    from ddtk.recovery.common import loss_fn
+
+    x, y = data
+    params = list(model.parameters())
+    for step in range(first, last):
+        ids, share, total = lab_global_ids(seed, step), GLOBAL_BATCH // world, None
+        for rank in range(world):
+            mine = ids[rank * share : (rank + 1) * share]
+            optimizer.zero_grad(set_to_none=True)
+            loss_fn(model(x[mine]), y[mine]).backward()
+            grads = [p.grad.detach().clone() * (1.0 / world) for p in params]
+            total = grads if total is None else [a + b for a, b in zip(total, grads)]
+        for p, g in zip(params, total):
+            p.grad = g
+        optimizer.step()
+
+
+def _momentum(model: Any, optimizer: Any) -> dict[str, Any]:
+    """SGD's momentum buffer of each parameter that has one, by parameter name."""
+    return {name: optimizer.state[p]["momentum_buffer"].detach().clone()
+            for name, p in model.named_parameters()
+            if optimizer.state.get(p, {}).get("momentum_buffer") is not None}  # fmt: skip
+
+
+def planted_state(seed: int, model_seed: int, at: int, noise_seed: int) -> tuple[Any, Any]:
+    """The model and optimizer of the checkpoint the judge plants: ``at`` steps on one rank
+    (momentum built up), then secret noise in the weights, a state no fresh start reaches."""
+    import torch
+
+    from ddtk.recovery.common import build
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the judge's reference and in the ranks: the same bits
+    try:
+        model, optimizer = build(model_seed)
+        train_reference(model, optimizer, lab_dataset(seed), seed, 0, at, 1)
+        _perturb(model, noise_seed)
+    finally:
+        torch.set_num_threads(threads)
+    return model, optimizer
+
+
+def report_steps(start: int, stop: int, every: int) -> list[int]:
+    """The steps a run from ``start`` to ``stop`` reports at: multiples of ``every``, the last."""
+    return [s for s in range(start + 1, stop + 1) if s % every == 0 or s == stop]
+
+
+def reference_elastic(seed: int, model_seed: int, case: Mapping[str, Any]) -> dict[str, Any]:
+    """The judge's own run of ``case``: the final parameters, and the parameters and
+    momentum at every step the loop must checkpoint."""
+    import torch
+
+    from ddtk.recovery.common import build
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the ranks: the same kernels, the same bits
+    try:
+        with torch.random.fork_rng(devices=[]):
+            if case["at"] is None:
+                (model, optimizer), start = build(model_seed), 0
+            else:
+                model, optimizer = planted_state(seed, model_seed, case["at"], case["noise_seed"])
+                start = case["at"]
+            data, stop, states = lab_dataset(seed), case_stop(case), {}
+            for step in range(start, stop):
+                train_reference(model, optimizer, data, seed, step, step + 1, case["world"])
+                if step + 1 in report_steps(start, stop, case["every"]):
+                    states[step + 1] = {"model": _params(model),
+                                        "momentum": _momentum(model, optimizer)}  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    return {"params": _params(model), "states": states}
+
+
+def case_stop(case: Mapping[str, Any]) -> int:
+    """Where a case's run stops: ``max_steps``, or the step its stop file names."""
+    return case["max_steps"] if case["stop_file"] is None else min(case["max_steps"],
+                                                                   case["stop_file"])  # fmt: skip
+
+
+def elastic_cases(rng: random.Random) -> list[dict[str, Any]]:
+    """Seeded runs: one rank resuming from a planted checkpoint and told to stop by the stop
+    file, two ranks resuming from one between two checkpoint steps, one rank from scratch
+    (the one-rank run first: it costs least, and most wrong loops fail it)."""
+    cases = []
+    every = rng.choice([2, 3, 4])
+    at = rng.choice([a for a in range(3, 10) if a % every])
+    cases.append({"world": 1, "at": at, "every": every, "max_steps": at + 40,
+                  "stop_file": at + every + rng.randint(1, every)})  # fmt: skip
+    every = rng.choice([3, 5])
+    at = rng.choice([a for a in range(2, 9) if a % every])
+    cases.append({"world": 2, "at": at, "every": every, "stop_file": None,
+                  "max_steps": at + 2 * every + rng.randint(1, every - 1)})  # fmt: skip
+    cases.append({"world": 1, "at": None, "every": rng.choice([2, 3]), "stop_file": None,
+                  "max_steps": rng.randint(5, 7)})  # fmt: skip
+    for case in cases:
+        case["noise_seed"] = rng.randrange(2**31)
+    return cases
+
+
+def _elastic_rank(ctx: Any, functions: bytes, config: dict[str, Any], planted: str | None,
+                  storage: str) -> dict[str, Any]:  # fmt: skip
+    """One rank of the exercise-5 probe: Ray Train's worker API stood in for (its
+    ``get_checkpoint`` hands out the planted checkpoint), then the learner's loop. Each
+    reported checkpoint is read back with the learner's ``restore_state`` into a fresh
+    model, so what it holds comes back as tensors."""
+    import cloudpickle
+    import torch
+
+    from ddtk.recovery.common import build
+
+    found: dict[str, Any] = {}
+
+    def read(folder: Any, name: str) -> dict[str, Any]:
+        files = sorted(p.name for p in folder.iterdir())
+        out: dict[str, Any] = {"dir": name, "files": files}
+        if "state.pt" not in files:
+            return out
+        try:
+            with torch.random.fork_rng(devices=[]):
+                model, optimizer = build(config["seed"])
+                step = found["restore"](
+                    torch.load(folder / "state.pt", weights_only=False), model, optimizer
+                )
+        except Exception as exc:
+            out["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            return out
+        out.update(step=_plain(step), model=_params(model), momentum=_momentum(model, optimizer))
+        return out
+
+    observer = _Observer()  # only its record of prepare_model's models: nothing patched
+    node = f"{ctx.rank + 1:02x}" * 28
+    reports = _install_ray_stand_in(ctx.rank, ctx.world_size, node, {}, storage, observer,
+                                    checkpoint=planted, read=read)  # fmt: skip
+    loop, found["restore"] = cloudpickle.loads(functions)  # after the stand-in: `ray` is it
+    loop(dict(config))
+    return {"reports": reports, "params": observer.final_params(),
+            "prepared": len(observer.prepared)}  # fmt: skip
+
+
+def probe_elastic(ns: dict[str, Any], seed: int, model_seed: int, case: dict[str, Any],
+                  folder: str) -> dict[str, Any]:  # fmt: skip
+    """``train_loop(config)`` on ``case["world"]`` gloo ranks under the stand-in of Ray
+    Train's worker API, on the judge's data order and data set, from the checkpoint the
+    judge had the learner's ``capture_state`` write: what each rank reported and ended
+    with, and the event log the ranks wrote."""
+    import cloudpickle
+    import torch
+
+    import ddtk
+
+    x, y = lab_dataset(seed)
+    ns.update(seed=seed, DATASET_SIZE=DATASET_SIZE, GLOBAL_BATCH=GLOBAL_BATCH, X=x, Y=y,
+              STEPS_PER_EPOCH=DATASET_SIZE // GLOBAL_BATCH,
+              global_ids=lambda step: lab_global_ids(seed, step))  # fmt: skip
+    run = Path(folder) / f"run-{case['noise_seed']}"
+    (run / "events").mkdir(parents=True)
+    planted = None
+    if case["at"] is not None:
+        planted = run / "planted"
+        planted.mkdir()
+        with torch.random.fork_rng(devices=[]):
+            model, optimizer = planted_state(seed, model_seed, case["at"], case["noise_seed"])
+            state = ns["capture_state"](model, optimizer, case["at"])
+        torch.save(state, planted / "state.pt")
+    if case["stop_file"] is not None:
+        (run / "stop").write_text(str(case["stop_file"]))
+    config = {"seed": model_seed, "log_dir": str(run / "events"), "stop_file": str(run / "stop"),
+              "max_steps": case["max_steps"], "checkpoint_every": case["every"],
+              "step_sleep": 0.0, "max_workers": case["world"], "resize_interval": 1.0}  # fmt: skip
+    functions = cloudpickle.dumps((ns["train_loop"], ns["restore_state"]))
+    try:
+        ranks = ddtk.launch(_elastic_rank, world_size=case["world"], backend="gloo", timeout=60,
+                            echo=False, args=(functions, config, planted and str(planted),
+                                              str(run / "storage")))  # fmt: skip
+    except ddtk.RankError as exc:
+        raise _rank_failure(exc) from None
+    events = [json.loads(line) for path in sorted((run / "events").glob("*.jsonl"))
+              for line in path.read_text().splitlines() if line.strip()]  # fmt: skip
+    return {"ranks": ranks, "events": _plain(sorted(events, key=lambda e: e.get("t", 0)))}
+
+
+def probe_trainer(ns: dict[str, Any], configs: list[dict[str, Any]], folder: str) -> list[dict]:
+    """``elastic_trainer(config, storage)`` for each config: what the TorchTrainer (which
+    stays here) was given, read as data."""
+    out = []
+    for i, config in enumerate(configs):
+        storage = str(Path(folder) / f"storage-{i}")
+        trainer = ns["elastic_trainer"](dict(config), storage)
+        scaling = getattr(trainer, "scaling_config", None)
+        run = getattr(trainer, "run_config", None)
+        loop = getattr(trainer, "train_loop_per_worker", None)
+        events = ns.get("RunEvents")
+        out.append({
+            "type": type(trainer).__name__,
+            "loop": loop is ns.get("train_loop") or getattr(loop, "__name__", "") == "train_loop",
+            "config": _plain(getattr(trainer, "train_loop_config", None)),
+            "num_workers": _plain(getattr(scaling, "num_workers", None)),
+            "resize": _plain(getattr(scaling, "elastic_resize_monitor_interval_s", None)),
+            "max_failures": _plain(getattr(getattr(run, "failure_config", None), "max_failures", None)),
+            "num_to_keep": _plain(getattr(getattr(run, "checkpoint_config", None), "num_to_keep", None)),
+            "callbacks": [{"type": type(c).__name__, "log_dir": _plain(getattr(c, "log_dir", None)),
+                           "run_events": isinstance(events, type) and isinstance(c, events)}
+                          for c in (getattr(run, "callbacks", None) or [])],
+        })  # fmt: skip
+    return out
+
+
+def trainer_configs(rng: random.Random, folder: str) -> list[dict[str, Any]]:
+    """Seeded configs for ``elastic_trainer``: worker counts and resize intervals the
+    notebook never used."""
+    return [{"seed": rng.randrange(100), "log_dir": f"{folder}/events-{i}",
+             "stop_file": f"{folder}/stop-{i}", "max_steps": rng.randint(20, 90),
+             "checkpoint_every": rng.randint(3, 9), "step_sleep": 0.0,
+             "max_workers": w, "resize_interval": round(rng.uniform(0.5, 9.5), 2)}
+            for i, w in enumerate(rng.sample([2, 3, 4, 5, 6, 8], 2))]  # fmt: skip
+
+
+def _check_trainer(config: Mapping[str, Any], got: Mapping[str, Any]) -> None:
+    call = (f"elastic_trainer(config, storage) with the grader's config (max_workers "
+            f"{config['max_workers']}, resize_interval {config['resize_interval']})")  # fmt: skip
+    expect(got["type"] == "TorchTrainer" and got["loop"], f"what {call} returns",
+           expected="a TorchTrainer of train_loop", got=got["type"])  # fmt: skip
+    expect(got["config"] == dict(config), f"the train_loop_config of {call}",
+           expected="the config it was given", got=got["config"])  # fmt: skip
+    workers = [1, config["max_workers"]]
+    expect(got["num_workers"] == workers, f"ScalingConfig.num_workers of {call}",
+           expected=f"(1, {config['max_workers']}): elastic, from 1 to max_workers workers",
+           got=got["num_workers"])  # fmt: skip
+    expect(got["resize"] == config["resize_interval"],
+           f"ScalingConfig.elastic_resize_monitor_interval_s of {call}",
+           expected=config["resize_interval"], got=got["resize"])  # fmt: skip
+    failures = got["max_failures"]
+    expect(isinstance(failures, int) and (failures >= 3 or failures == -1),
+           f"FailureConfig.max_failures of {call}",
+           expected=">= 3 (part 3 causes three faults; each restart counts)", got=failures)  # fmt: skip
+    expect(got["num_to_keep"] == 2, f"CheckpointConfig.num_to_keep of {call}", expected=2,
+           got=got["num_to_keep"])  # fmt: skip
+    logged = [c for c in got["callbacks"] if c["run_events"] and c["log_dir"] == config["log_dir"]]
+    expect(len(logged) == 1, f"RunConfig.callbacks of {call}",
+           expected="RunEvents(config['log_dir']) (it logs the commits and failures)",
+           got=[(c["type"], c["log_dir"]) for c in got["callbacks"]])  # fmt: skip
+
+
+def _without_t(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in e.items() if k not in ("t", "pid", "node")} for e in events]
+
+
+def _check_run(case: Mapping[str, Any], got: Mapping[str, Any], want: Mapping[str, Any],
+               seed: int) -> None:  # fmt: skip
+    world, at, every = case["world"], case["at"], case["every"]
+    start, stop = at or 0, case_stop(case)
+    setting = (
+        f"(the grader's run on {world} rank(s), "
+        + (f"resuming from a checkpoint it planted at step {at}" if at else "with no checkpoint")
+        + f", checkpoint_every {every}, stop_step {stop}"
+        + (" from the stop file" if case["stop_file"] is not None else "") + ")"
+    )  # fmt: skip
+    events, ranks = got["events"], got["ranks"]
+    for r in range(world):
+        starts = [e for e in events if e.get("kind") == "start" and e.get("rank") == r]
+        hint = ""
+        if at and starts and starts[0].get("resumed_from") == 0:
+            hint = ": the loop did not resume from ray.train.get_checkpoint()"
+        ok = len(starts) == 1 and starts[0].get("resumed_from") == start
+        expect(ok and starts[0].get("world") == world, f"rank {r}'s start event {setting}",
+               expected=f"one, world {world}, resumed_from {start}",
+               got=f"{_without_t(starts)[:2]}{hint}")  # fmt: skip
+        steps = [e for e in events if e.get("kind") == "step" and e.get("rank") == r]
+        expect([e.get("step") for e in steps] == list(range(start, stop)),
+               f"the steps rank {r} logged {setting}", expected=f"{start} to {stop - 1}, once each",
+               got=[e.get("step") for e in steps])  # fmt: skip
+        for e in steps:
+            ids = expected_shard(seed, e["step"], r, world)
+            expect(e.get("samples") == ids and e.get("world") == world,
+                   f"what rank {r} trained on at step {e['step']} {setting}",
+                   expected=f"shard({e['step']}, {r}, {world}) = {ids} in a world of {world}",
+                   got=f"{e.get('samples')} in a world of {e.get('world')}")  # fmt: skip
+    for r, rank in enumerate(ranks):
+        expect(rank["prepared"] >= 1, f"rank {r}'s model {setting}",
+               expected="wrapped by ray.train.torch.prepare_model", got="never prepared")  # fmt: skip
+        diff = _mismatch(want["params"], rank["params"])
+        expect(not diff, f"rank {r}'s parameters at the end, read by the grader {setting}",
+               expected="bit for bit those of the grader's run (restore_state of the checkpoint: "
+               "weights, momentum and step; then each step on shard(step, rank, world))",
+               got=f"different tensors {diff} (is the whole state restored? or is exercise 1 or 4 "
+               "wrong?)")  # fmt: skip
+    steps_due = report_steps(start, stop, every)
+    for r, rank in enumerate(ranks):
+        reports = rank["reports"]
+        said = [rep["metrics"].get("step") if isinstance(rep["metrics"], dict) else None
+                for rep in reports]  # fmt: skip
+        expect(said == steps_due, f"the steps of rank {r}'s ray.train.report calls {setting}",
+               expected=f"{steps_due} (each multiple of checkpoint_every, and the last step)",
+               got=said)  # fmt: skip
+        for step, rep in zip(steps_due, reports):
+            expect(rep["metrics"].get("world") == world, f"rank {r}'s report at step {step}",
+                   expected=f"world {world}", got=rep["metrics"])  # fmt: skip
+            ckpt = rep["checkpoint"]
+            if r:
+                expect(ckpt is None, f"rank {r}'s report at step {step} {setting}",
+                       expected="checkpoint=None (rank 0 alone attaches the checkpoint)",
+                       got=f"a checkpoint holding {ckpt and ckpt['files']}")  # fmt: skip
+                continue
+            expect(ckpt is not None, f"rank 0's report at step {step} {setting}",
+                   expected="a checkpoint (a directory holding state.pt)", got="checkpoint=None")  # fmt: skip
+            expect("state.pt" in ckpt["files"] and "error" not in ckpt,
+                   f"rank 0's checkpoint at step {step}, restored by the grader with restore_state",
+                   expected="a state.pt that restore_state loads",
+                   got=ckpt.get("error") or ckpt["files"])  # fmt: skip
+            diff = _mismatch(want["states"][step]["model"], ckpt.get("model"))
+            diff += _mismatch(want["states"][step]["momentum"], ckpt.get("momentum"))
+            expect(ckpt.get("step") == step and not diff,
+                   f"the state in rank 0's checkpoint at step {step} {setting}",
+                   expected=f"step {step}, the grader's weights and momentum at that step",
+                   got=f"step {ckpt.get('step')}, different tensors {diff}")  # fmt: skip
+
+
+def check_elastic(ctx: Context) -> None:
+    rng = random.Random(ctx.seed)
+    worker = ctx.worker()
+    folder = str(worker.folder)
+    configs = trainer_configs(rng, folder)
+    for config, got in zip(configs, worker.probe(f"{_P}:probe_trainer", configs=configs,
+                                                  folder=folder)):  # fmt: skip
+        _check_trainer(config, got)
+    seed, model_seed = rng.randrange(1, 10_000), rng.randrange(1, 10_000)
+    for case in elastic_cases(rng):
+        got = worker.probe(f"{_P}:probe_elastic", seed=seed, model_seed=model_seed, case=case,
+                           folder=folder)  # fmt: skip
+        _check_run(case, got, reference_elastic(seed, model_seed, case), seed)
+
+
 # ------------------------------------------------------------------ exercise 6
 
 
@@ -620,6 +995,8 @@ JUDGE = LabJudge(
         3: Exercise(3, "a resumable training process", ("9d288f91", "3a6f6f6b", "aedc4add"),
                     check_resume, _CKPT, _GIVEN),
         4: Exercise(4, "each rank's share of the global batch", ("3dbab0ba",), check_shard, _CKPT),
+        5: Exercise(5, "the elastic training loop", (_PART2, "9d288f91", "3dbab0ba", "5b9bab2f"),
+                    check_elastic, _CKPT, _HANDED_OUT),
         6: Exercise(6, "measure each recovery", ("dc36b336",), check_recovery, _CKPT),
         7: Exercise(7, "consistency checks", ("9c02cc25", "11371148"), check_consistency, _CKPT),
     },
