@@ -151,22 +151,28 @@ def grade_lab(
     if on_done is not None and errors:
         on_done(errors)
 
+    # One judge at a time (its reference runs share this process's global RNGs), beside
+    # the kernels: a group is judged while its notebook runs, which mostly waits.
+    judge_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddtk-judge")
+
     def grade_group(group: _Group) -> list[StudentResult]:
         if on_start is not None:
             on_start(group.students)
+        judging = judge_pool.submit(
+            _judged, lab, solution, group.notebook, dict(parameters or {}), hide
+        )
         limits = {"name": lab.name, "timeout": timeout, "memory_mb": memory_mb}
         if cache is not None:
             run = cache.sandboxed(group.notebook, **limits, hide=hide)
         else:
             run = execute(group.notebook, **limits, hide=hide)
-        judged = _judged(lab, solution, group.notebook, dict(parameters or {}), hide)
-        rows = _rows(group, specs, run, judged)
+        rows = _rows(group, specs, run, judging.result())
         if on_done is not None:
             on_done(rows)
         return rows
 
     rows = list(errors)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with judge_pool, ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for group_rows in pool.map(grade_group, groups):
             rows += group_rows
     result.results = sorted(rows, key=lambda r: r.student)
