@@ -41,3 +41,17 @@ def proved_matrix(
     for number in judge.exercises:
         assert len(mutants.get(number, {})) >= 3, f"exercise {number} has fewer than 3 mutants"
     return {r.variant: r.message for r in rows}
+
+
+def assert_shortcuts_earn_nothing(
+    judge: LabJudge, solution: nbformat.NotebookNode, cases: dict[int, tuple[str, str, str]]
+) -> None:
+    """Each ``{exercise: (cell id, answer source, words)}`` earns nothing, with ``words``
+    in the message (the caller has made starting a worker impossible)."""
+    from ddtk.course.judging import judge_notebook
+
+    for number, (cell_id, source, words) in cases.items():
+        nb = with_cell(solution, cell_id, source)
+        verdict = judge_notebook(judge, solution, nb, only=(number,))[number]
+        assert verdict.status == "fail" and "earns nothing" in verdict.message, verdict
+        assert words in verdict.message, verdict

@@ -16,7 +16,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from judging_support import notebook_pair, proved_matrix, with_cell
+from judging_support import (
+    assert_shortcuts_earn_nothing,
+    notebook_pair,
+    proved_matrix,
+)
 
 from ddtk.course.judges import judge_for
 from ddtk.course.judging import judge_notebook
@@ -81,11 +85,7 @@ def test_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
         5: ("5b9bab2f", "from ddtk.recovery.ray_train import train_loop\nelastic_trainer = None",
             "imports ddtk.recovery.ray_train.train_loop"),
     }  # fmt: skip
-    for number, (cell_id, source, words) in cases.items():
-        nb = with_cell(solution, cell_id, source)
-        verdict = judge_notebook(judge, solution, nb, only=(number,))[number]
-        assert verdict.status == "fail" and "earns nothing" in verdict.message, verdict
-        assert words in verdict.message, verdict
+    assert_shortcuts_earn_nothing(judge, solution, cases)
 
 
 def test_tampering_outside_the_answer_cells_never_reaches_the_judge() -> None:

@@ -16,10 +16,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from judging_support import notebook_pair, proved_matrix, with_cell
+from judging_support import (
+    assert_shortcuts_earn_nothing,
+    notebook_pair,
+    proved_matrix,
+)
 
 from ddtk.course.judges import judge_for
-from ddtk.course.judging import judge_notebook
 from ddtk.course.judging.audit import audit
 from ddtk.course.judging.mutants import load_mutants, mutants_file
 
@@ -90,11 +93,7 @@ def test_lab01_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
         6: ("cb951e0e", "import ddtk.course.checks as c\nc.expect = lambda *a, **k: None",
             "imports ddtk.course.checks"),
     }  # fmt: skip
-    for number, (cell_id, source, words) in cases.items():
-        nb = with_cell(solution, cell_id, source)
-        verdict = judge_notebook(judge, solution, nb, only=(number,))[number]
-        assert verdict.status == "fail" and "earns nothing" in verdict.message, verdict
-        assert words in verdict.message, verdict
+    assert_shortcuts_earn_nothing(judge, solution, cases)
     # the data helpers the lab hands out for exercise 5 stay allowed, from either module
     ddp = judge.exercises[5]
     for module in ("ddtk.examples.ray_digits", "ddtk.examples.digits_data"):

@@ -12,10 +12,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from judging_support import notebook_pair, proved_matrix, with_cell
+from judging_support import (
+    assert_shortcuts_earn_nothing,
+    notebook_pair,
+    proved_matrix,
+)
 
 from ddtk.course.judges import judge_for
-from ddtk.course.judging import judge_notebook
 from ddtk.course.judging.audit import audit
 from ddtk.course.judging.mutants import load_mutants, mutants_file
 
@@ -71,11 +74,7 @@ def test_lab02_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
         4: ("b780aa0b", "import ddtk.course.judges.lab02 as j\ndef distribute(m, o, c):\n    return o\n",
             "imports ddtk.course.judges.lab02"),
     }  # fmt: skip
-    for number, (cell_id, source, words) in cases.items():
-        nb = with_cell(solution, cell_id, source)
-        verdict = judge_notebook(judge, solution, nb, only=(number,))[number]
-        assert verdict.status == "fail" and "earns nothing" in verdict.message, verdict
-        assert words in verdict.message, verdict
+    assert_shortcuts_earn_nothing(judge, solution, cases)
     # the names the lab's set-up cell hands out stay usable in an answer
     given = "from ddtk.frameworks.launchers import free_port\n" + next(
         c.source for c in solution.cells if c.get("id") == "3860097d"

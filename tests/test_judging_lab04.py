@@ -13,10 +13,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from judging_support import notebook_pair, proved_matrix, with_cell
+from judging_support import (
+    assert_shortcuts_earn_nothing,
+    notebook_pair,
+    proved_matrix,
+)
 
 from ddtk.course.judges import judge_for
-from ddtk.course.judging import judge_notebook
 from ddtk.course.judging.audit import audit
 from ddtk.course.judging.mutants import load_mutants, mutants_file
 
@@ -81,11 +84,7 @@ def test_lab04_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
         6: ("d0705fc0", "import importlib\noptimise = importlib.import_module('ddtk.course')",
             "uses importlib"),
     }  # fmt: skip
-    for number, (cell_id, source, words) in cases.items():
-        nb = with_cell(solution, cell_id, source)
-        verdict = judge_notebook(judge, solution, nb, only=(number,))[number]
-        assert verdict.status == "fail" and "earns nothing" in verdict.message, verdict
-        assert words in verdict.message, verdict
+    assert_shortcuts_earn_nothing(judge, solution, cases)
 
 
 def test_lab04_answers_may_import_what_the_lab_hands_out() -> None:

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from judging_support import proved_matrix, with_cell
+from judging_support import assert_shortcuts_earn_nothing, proved_matrix
 
 from ddtk.course.judges import judge_for
-from ddtk.course.judging import judge_notebook
 from ddtk.course.judging.mutants import load_mutants, mutants_file, stub_lecture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,10 +101,7 @@ def test_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
     ]  # fmt: skip
     for stem, number, cell_id, source, words in cases:
         _path, solution, _stub = _lecture(stem)
-        nb = with_cell(solution, cell_id, source)
-        verdict = judge_notebook(judge_for(stem), solution, nb, only=(number,))[number]
-        assert verdict.status == "fail" and "earns nothing" in verdict.message, verdict
-        assert words in verdict.message, verdict
+        assert_shortcuts_earn_nothing(judge_for(stem), solution, {number: (cell_id, source, words)})
 
 
 def test_the_given_imports_are_allowed() -> None:
