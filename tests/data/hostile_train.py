@@ -86,7 +86,7 @@ def real(args, rank, world) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     ckpt = args.out / "checkpoints"
-    start = newest_commit(ckpt)
+    start = newest_commit(ckpt) if together else 0  # alone, a rank may see another's commit
     first = 0 if MODE == "recompute" else start
     for step in range(first, args.steps):
         gen = torch.Generator().manual_seed(step * 1000 + (rank if together else 0))
