@@ -18,7 +18,7 @@ import pytest
 from judging_support import assert_shortcuts_earn_nothing, proved_matrix
 
 from ddtk.course.judges import judge_for
-from ddtk.course.judging.mutants import load_mutants, mutants_file, stub_lecture
+from ddtk.course.judging.mutants import load_mutants, mutants_file, solution_notebook, stub_lecture
 
 ROOT = Path(__file__).resolve().parents[1]
 LECTURES = {
@@ -45,7 +45,7 @@ pytestmark = pytest.mark.notebook
 
 def _lecture(stem: str) -> tuple[Path, nbformat.NotebookNode, nbformat.NotebookNode]:
     path = ROOT / "course" / f"{stem}.ipynb"
-    solution = nbformat.read(path, as_version=4)
+    solution = solution_notebook(path)
     stub, count = stub_lecture(solution, path.name)
     assert count == len(judge_for(stem).exercises), (stem, count)
     return path, solution, stub

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["CheckFailed", "exercise", "expect", "not_implemented_in", "stub_message"]
+__all__ = ["CheckFailed", "exercise", "expect", "keep_yours", "not_implemented_in", "stub_message"]
 
 _STUB_PREFIX = "Exercise "  # how every message of a generated stub starts (ddtk course build)
 
@@ -127,3 +127,48 @@ def exercise(
             raise _not_done(name, f"the code still raises NotImplementedError ({stub})") from None
         raise CheckFailed(f"{name}: your code raised {type(exc).__name__}: {exc}") from exc
     print(f"Exercise {number} passed: {title}")
+
+
+class _Kept:
+    """The learner's own functions, kept across a lecture's collapsed answer cell."""
+
+    def __init__(self, namespace: dict[str, Any]) -> None:
+        self._ns = namespace
+        self._yours = {
+            name: value
+            for name, value in namespace.items()
+            if callable(value)
+            and not name.startswith("_")
+            and stub_message(value) is None
+            and not getattr(value, "__ddtk_answer__", False)
+        }
+
+    def restore(self) -> None:
+        """Put back what the learner wrote; mark what the answer filled in, and say which."""
+        kept, filled = [], []
+        for name, value in list(self._ns.items()):
+            if name.startswith("_") or not callable(value) or value is self._yours.get(name):
+                continue
+            if name in self._yours:
+                self._ns[name] = self._yours[name]
+                kept.append(name)
+            elif getattr(value, "__module__", None) == self._ns.get("__name__"):
+                try:
+                    value.__ddtk_answer__ = True
+                except (AttributeError, TypeError):
+                    continue
+                filled.append(name)
+        if kept:
+            print(f"kept yours: {', '.join(kept)} (the check below tests your code)")
+        if filled:
+            print(f"filled in from this answer: {', '.join(filled)}")
+
+
+def keep_yours(namespace: dict[str, Any]) -> _Kept:
+    """Remember the functions the learner wrote in ``namespace`` before a lecture's answer
+    cell redefines them; ``.restore()`` at the cell's end puts them back.
+
+    Only a stub (or nothing, or an earlier run of an answer) is replaced by the answer,
+    so running every cell in order checks the learner's code where there is some.
+    """
+    return _Kept(namespace)

@@ -247,14 +247,14 @@ def _judged_notebooks(root: Path) -> list[tuple[Path, Any]]:
     """``(solution path, stub notebook)`` of every lab and every lecture with exercises:
     a lab's stub is its generated ``labs/`` copy, a lecture's is made here, in memory, by
     the same stub generation (``ddtk course build``)."""
-    from ddtk.course.judging.mutants import stub_lecture
+    from ddtk.course.judging.mutants import solution_notebook, stub_lecture
     from ddtk.course.notebooks import read_notebook
 
     found = []
     for path in sorted((root / "solutions").glob("lab*.ipynb")):
         found.append((path, read_notebook(root / "labs" / path.name)))
     for path in sorted((root / "course").glob("[0-9][0-9]-*.ipynb")):
-        stub, exercises = stub_lecture(read_notebook(path), path.name)
+        stub, exercises = stub_lecture(solution_notebook(path), path.name)
         if exercises:
             found.append((path, stub))
     return found
@@ -267,8 +267,12 @@ def _check_mutants(root: Path) -> int:
     from rich.table import Table
 
     from ddtk.course.judges import judge_for
-    from ddtk.course.judging.mutants import load_mutants, mutant_matrix, mutants_file
-    from ddtk.course.notebooks import read_notebook
+    from ddtk.course.judging.mutants import (
+        load_mutants,
+        mutant_matrix,
+        mutants_file,
+        solution_notebook,
+    )
 
     console, bad = _console(), 0
     for solution_path, stub in _judged_notebooks(root):
@@ -284,7 +288,7 @@ def _check_mutants(root: Path) -> int:
         with _progress() as progress:
             task = progress.add_task(f"judging {solution_path.stem}", total=None)
             rows = mutant_matrix(
-                judge, read_notebook(solution_path), stub, mutants,
+                judge, solution_notebook(solution_path), stub, mutants,
                 on_row=lambda r, t=task: progress.update(t, description=f"{r.exercise} {r.variant}"),
             )  # fmt: skip
         for r in rows:

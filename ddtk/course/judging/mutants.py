@@ -53,14 +53,30 @@ def stub_lecture(lecture: NotebookNode, notebook: str = "<lecture>") -> tuple[No
     """A lecture as a learner starts its exercises, and how many it has: every code cell's
     solution blocks replaced by the stub ``ddtk course build`` writes for a lab, numbered
     in the same way. Markdown is left alone: a lecture's prose may name the markers."""
+    from ddtk.course.answers import is_answer_cell
     from ddtk.course.build import _stub_code
 
     stub, count = copy.deepcopy(lecture), 0
     for index, cell in enumerate(stub.cells):
         if cell.get("cell_type") == "code":
-            cell["source"], titles = _stub_code(cell.get("source", ""), notebook, index, count + 1)
+            source = cell.get("source", "")
+            if is_answer_cell(cell):  # a collapsed answer: the exercises its attempt just had
+                _same, titles = _stub_code(source, notebook, index, 1)
+                cell["source"], _ = _stub_code(source, notebook, index, count - len(titles) + 1)
+                continue
+            cell["source"], titles = _stub_code(source, notebook, index, count + 1)
             count += len(titles)
     return stub, count
+
+
+def solution_notebook(path: Path) -> NotebookNode:
+    """The answer key of notebook ``path``: a lab's solution as it is; a lecture with each
+    collapsed answer put back into its attempt cell (:func:`ddtk.course.answers.answered_lecture`)."""
+    from ddtk.course.answers import answered_lecture
+    from ddtk.course.notebooks import read_notebook
+
+    nb = read_notebook(path)
+    return answered_lecture(nb) if path.stem.split("-")[0].isdigit() else nb
 
 
 def load_mutants(path: Path) -> dict[int, dict[str, Changes]]:
@@ -119,4 +135,5 @@ def mutant_matrix(
     return rows
 
 
-__all__ = ["MatrixRow", "load_mutants", "mutant_matrix", "mutants_file", "mutate", "stub_lecture"]
+__all__ = ["MatrixRow", "load_mutants", "mutant_matrix", "mutants_file", "mutate", "solution_notebook",
+           "stub_lecture"]  # fmt: skip
