@@ -105,7 +105,17 @@ def horovodrun_command(
     """
     _positive("np", np)
     hosts = hosts or f"localhost:{np}"
-    return [tool("horovodrun"), "--gloo", "-np", str(np), "-H", hosts, *options, sys.executable, *script]
+    return [
+        tool("horovodrun"),
+        "--gloo",
+        "-np",
+        str(np),
+        "-H",
+        hosts,
+        *options,
+        sys.executable,
+        *script,
+    ]
 
 
 def _positive(name: str, value: object) -> None:
@@ -183,7 +193,40 @@ def run_command(
         reader.join(5)
     done = Completed(cmd, proc.returncode, lines, time.perf_counter() - start)
     if check and (timed_out or proc.returncode != 0):
-        what = f"ran past {timeout:g} s and was stopped" if timed_out else f"exited with {proc.returncode}"
+        what = (
+            f"ran past {timeout:g} s and was stopped"
+            if timed_out
+            else f"exited with {proc.returncode}"
+        )
         tail = "\n".join(lines[-25:])
         raise LauncherError(f"`{' '.join(cmd[:6])} ...` {what}. Last lines:\n{tail}")
     return done
+
+
+def torchrun_script(
+    source: str,
+    nproc: int = 2,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+    **options: object,
+) -> tuple[list[str], list[str]]:
+    """Run the Python ``source`` under ``torchrun`` on this host; return the command and the
+    lines its ranks printed that start with ``[rank``, in rank order (each rank's own order kept).
+
+    The script goes to a temporary file; ``options`` are torchrun flags as in
+    :func:`torchrun_command` (default: a c10d rendezvous on a free local port). The
+    process group is reaped whatever happens, and a failing job is returned, not
+    raised: the lectures show what its ranks printed, errors included.
+    """
+    import tempfile
+
+    flags: dict[str, object] = {"nnodes": 1, "rdzv_backend": "c10d", "rdzv_endpoint": "localhost:0"}
+    flags.update(options)
+    with tempfile.TemporaryDirectory(prefix="ddtk-torchrun-") as tmp:
+        path = Path(tmp) / "script.py"
+        path.write_text(source)
+        cmd = torchrun_command(nproc, [str(path)], **flags)
+        done = run_command(cmd, env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=timeout,
+                           echo=False, check=False)  # fmt: skip
+    lines = [line for line in done.lines if line.startswith("[rank ")]
+    return cmd, sorted(lines, key=lambda line: line.split("]")[0])
