@@ -1,8 +1,9 @@
 """sha256 of checkpoint files, fast enough not to be the slow part of a save or a load.
 
 A checkpoint is verified byte for byte before it is loaded, and sha256 at
-about 1.8 GB/s per core (with the SHA extensions) is slower than writing a
-file to the page cache or reading it back. One sha256 of a whole file is
+about 1.8 GB/s per core with the x86 SHA extensions (SHA-NI), and a few hundred
+MB/s without them (lecture 06 measures both), is slower than writing a file to
+the page cache or reading it back. One sha256 of a whole file is
 inherently sequential: one core does all of it. So a large file is recorded as
 the sha256 of each ``chunk_bytes`` piece (**chunked digests**), which every core
 can hash at once:
