@@ -39,10 +39,12 @@ class Case:
     op: ReduceOp = ReduceOp.SUM
     algorithm: str = "ring"
     root: int = 0
+    group_size: int | None = None  # hierarchical all-reduces only
 
     @property
     def key(self) -> str:
-        return f"{self.collective}/{self.algorithm}/{self.op.name}/{self.dtype}/{self.shape_name}/root{self.root}"
+        key = f"{self.collective}/{self.algorithm}/{self.op.name}/{self.dtype}/{self.shape_name}/root{self.root}"
+        return key if self.group_size is None else f"{key}/g{self.group_size}"
 
 
 def make_input(case: Case, rank: int) -> torch.Tensor:
@@ -66,7 +68,8 @@ def run_cases(ctx, cases: list[Case]) -> dict[str, object]:
         x = make_input(c, ctx.rank)
         before = x.clone()
         if c.collective == "all_reduce":
-            res = ctx.all_reduce(x, op=c.op, algorithm=c.algorithm)
+            extra = {} if c.group_size is None else {"group_size": c.group_size}
+            res = ctx.all_reduce(x, op=c.op, algorithm=c.algorithm, **extra)
         elif c.collective == "reduce":
             res = ctx.reduce(x, root=c.root, op=c.op)
         elif c.collective == "reduce_scatter":

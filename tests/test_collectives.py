@@ -132,6 +132,47 @@ def test_hierarchical_group_sizes() -> None:
             torch.testing.assert_close(out, want, msg=lambda m, g=g: f"group_size={g}: {m}")
 
 
+def build_grouped_cases(n: int) -> list[Case]:
+    """Both hierarchical forms, every group size from 1 to n + 1 (dividing n or not), SUM and MAX."""
+    shapes = {k: v for k, v in shapes_for(n).items() if k in ("empty", "one", "fewer", "nondiv", "multidim")}
+    return [
+        Case("all_reduce", name, shape, dtype, op, algo, group_size=g)
+        for algo in ("hierarchical_rs", "hierarchical")
+        for g in range(1, n + 2)
+        for name, shape in shapes.items()
+        for dtype in (torch.float32, torch.int64)
+        for op in (ReduceOp.SUM, ReduceOp.MAX)
+    ]
+
+
+@pytest.mark.parametrize("n", (1, 2, 3, 4, 5, 6))
+def test_hierarchical_forms_match_reference_for_every_group_size(n: int) -> None:
+    """hierarchical_rs (Horovod's form) and hierarchical (leader form) for g | n and g not | n,
+    including a last group smaller than the others, empty tensors and fewer elements than ranks."""
+    cases = build_grouped_cases(n)
+    results = ddtk.launch(run_cases, world_size=n, args=(cases,), timeout=240)
+    for rank, per_rank in enumerate(results):
+        for case in cases:
+            assert_same(per_rank[case.key], expected(case, n, rank), f"rank {rank} {case.key}")
+    for case in cases:  # bit-identical on every rank
+        assert all(torch.equal(r[case.key], results[0][case.key]) for r in results), case.key
+
+
+def _hierarchical_rs_traffic(ctx, numel, group_size):
+    x = torch.ones(numel)
+    ctx.stats.reset()
+    ctx.all_reduce(x, algorithm="hierarchical_rs", group_size=group_size)
+    return ctx.stats.bytes_sent
+
+
+def test_hierarchical_rs_sends_the_reduce_scatter_form_bytes() -> None:
+    """4 ranks in 2 groups of 2, 1024 floats: RS 1/2 S, cross ring of S/2 over 2 ranks 2*(1/2)*S/2,
+    AG 1/2 S: S + S/2 per rank, where the leader form's leaders send 2 S and more."""
+    numel, S = 1024, 1024 * 4
+    sent = ddtk.launch(_hierarchical_rs_traffic, world_size=4, args=(numel, 2), validate=False)
+    assert sent == [S // 2 + S // 2 + S // 2] * 4, sent
+
+
 def _into_out(ctx):
     out = {}
     for algo in ALL_REDUCE_ALGORITHMS:

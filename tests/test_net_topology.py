@@ -141,3 +141,60 @@ def test_the_published_checks_stay_within_what_the_docs_state():
     assert s["large_mean_abs_error_pct"] < 15 and s["large_worst_abs_error_pct"] < 25
     text = published.table(checks)
     assert text.count("\n") == len(checks) + 1 and "(calibration)" in text
+
+
+def test_ll128_follows_nccls_rule_nvlink_and_a_near_nic_not_nvlink_only():
+    """NCCL's src/graph/tuning.cc: NVLink inside, GPU-NIC path <= PXB (<= PXN on Hopper)."""
+    from ddtk.net.topology import ll128_enabled
+
+    h100 = preset("dgx-h100", 4)
+    assert ll128_enabled(h100) and ll128_enabled(preset("dgx-a100", 4))
+    assert ll128_enabled(dataclasses.replace(h100, gpu_nic_path="PXN"))  # Hopper: PXN is enough
+    assert not ll128_enabled(dataclasses.replace(h100, gpu_arch=80, gpu_nic_path="PXN"))
+    assert not ll128_enabled(dataclasses.replace(h100, gpu_nic_path="PHB"))
+    assert ll128_enabled(dataclasses.replace(h100, nodes=1, gpu_nic_path="SYS"))  # no network
+    assert not ll128_enabled(preset("pcie-8gpu", 1))  # no NVLink: never
+    assert not ll128_enabled(dataclasses.replace(h100, gpu_arch=89))  # Ada: not on NCCL's list
+    assert ll128_enabled(dataclasses.replace(h100, gpu_arch=100))  # Blackwell: on it
+    # A DGX H100 job across nodes: LL128 is a candidate, and the tuner's pick at medium sizes.
+    p = predict(h100.with_nodes(16), "all_reduce", 16 << 20)
+    assert p.protocol == "LL128", p
+    ring = predict(h100, "all_reduce", 4 * GiB, "ring", "LL128")
+    assert ring.link_times["nic"] == pytest.approx(2 * 31 / 32 * 4 * GiB / 8 / (50e9 * 0.96 * 0.92))
+    with pytest.raises(ValueError, match="protocol 'LL128'"):
+        predict(dataclasses.replace(h100, gpu_nic_path="SYS"), "all_reduce", GiB, protocol="LL128")
+
+
+def test_efa_presets_run_simple_only_across_nodes():
+    """aws-ofi-nccl sets NCCL_PROTO=simple where EFA cannot order 128-byte stores."""
+    for name in ("aws-p4d", "aws-p5"):
+        two = preset(name, 2)
+        assert [p.name for p in two.enabled_protocols()] == ["Simple"]
+        assert predict(two, "all_reduce", 1 << 20).protocol == "Simple"
+        assert "LL128" in [p.name for p in preset(name, 1).enabled_protocols()]
+
+
+def test_two_hierarchical_forms_and_the_default_choice_is_what_nccl_runs():
+    from ddtk.net.predict import NCCL_ALGORITHMS
+
+    c = preset("dgx-h100", 8)
+    S = 256 << 20
+    rs = predict(c, "all_reduce", S, "hierarchical_rs", "Simple")
+    leader = predict(c, "all_reduce", S, "hierarchical", "Simple")
+    # reduce-scatter form: every NIC carries 2(N-1)/N S / k; leader form: one NIC carries 2(N-1)/N S
+    assert rs.link_times["nic"] == pytest.approx(2 * 7 / 8 * S / 8 / (50e9 * 0.96))
+    assert leader.link_times["nic"] == pytest.approx(2 * 7 / 8 * S / (50e9 * 0.96))
+    assert leader.time > rs.time
+    for size in (8, 1 << 20, 64 << 20, 8 * GiB):
+        for nodes in (1, 2, 16):
+            assert predict(c.with_nodes(nodes), "all_reduce", size).algorithm in NCCL_ALGORITHMS
+
+
+def test_costmodel_hierarchical_rs_terms():
+    from ddtk.comm.costmodel import cost_terms
+
+    steps, factor = cost_terms("hierarchical_rs", 8, 4)  # 2 groups of 4
+    assert steps == 2 * 3 + 2 * 1
+    assert factor == pytest.approx(2 * 3 / 4 + 2 * 1 / 2 / 4)
+    assert cost_terms("hierarchical_rs", 8, 8) == cost_terms("ring", 8)  # one group: a ring
+    assert cost_terms("hierarchical_rs", 1, 4) == (0.0, 0.0)

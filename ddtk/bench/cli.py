@@ -42,7 +42,7 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--step", type=int, default=4, help="size multiplier between rows, a power of 2 (default 4)"
     )
-    p.add_argument("--algorithms", default="ring,tree,recursive_doubling,naive,hierarchical",
+    p.add_argument("--algorithms", default="ring,tree,recursive_doubling,naive,hierarchical,hierarchical_rs",
                    help="comma-separated ddtk algorithms (default: all)")  # fmt: skip
     p.add_argument(
         "--iters",

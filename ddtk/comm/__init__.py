@@ -2,7 +2,8 @@
 
 One algorithm per module: :mod:`~ddtk.comm.ring`, :mod:`~ddtk.comm.tree`,
 :mod:`~ddtk.comm.recursive_doubling`, :mod:`~ddtk.comm.naive`,
-:mod:`~ddtk.comm.hierarchical`, :mod:`~ddtk.comm.barrier`; the reference
+:mod:`~ddtk.comm.hierarchical` (reduce to a leader), :mod:`~ddtk.comm.hierarchical_rs`
+(reduce-scatter, cross-group all-reduce, all-gather), :mod:`~ddtk.comm.barrier`; the reference
 ``torch.distributed`` path in :mod:`~ddtk.comm.reference`; their alpha-beta
 costs in :mod:`~ddtk.comm.costmodel`.
 """

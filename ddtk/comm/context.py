@@ -43,7 +43,15 @@ import torch.distributed as dist
 
 from ddtk.comm import all_to_all as _all_to_all
 from ddtk.comm import barrier as _barrier
-from ddtk.comm import hierarchical, naive, recursive_doubling, reference, ring, tree
+from ddtk.comm import (
+    hierarchical,
+    hierarchical_rs,
+    naive,
+    recursive_doubling,
+    reference,
+    ring,
+    tree,
+)
 from ddtk.comm import validation as _validation
 from ddtk.comm.ops import ReduceOp, check_op_dtype
 from ddtk.comm.stats import CommStats
@@ -72,8 +80,10 @@ ALL_REDUCE_ALGORITHMS: tuple[str, ...] = (
     "recursive_doubling",
     "naive",
     "hierarchical",
+    "hierarchical_rs",
     "torch",
 )
+_GROUPED = ("hierarchical", "hierarchical_rs")
 
 _P2P_ALL_REDUCE: dict[str, Callable[..., torch.Tensor]] = {
     "ring": ring.all_reduce,
@@ -395,7 +405,9 @@ class DistributedContext:
         """The reduction of every rank's tensor, on every rank, by the chosen algorithm.
 
         ``algorithm`` is one of :data:`ALL_REDUCE_ALGORITHMS`; ``group_size`` sets
-        the group size of ``"hierarchical"`` (default about sqrt(world_size)).
+        the group size of ``"hierarchical"`` (reduce to a leader, leaders' ring,
+        broadcast) and ``"hierarchical_rs"`` (group reduce-scatter, all-reduce of each
+        shard across groups, group all-gather), by default about sqrt(world_size).
         ``out`` receives the result instead of a new tensor (same shape and dtype,
         contiguous, on :attr:`device`; ``out=tensor`` reduces in place, as
         ``torch.distributed.all_reduce`` does). The ring writes straight into it.
@@ -405,13 +417,14 @@ class DistributedContext:
             raise ValueError(
                 f"unknown all_reduce algorithm {algorithm!r}; expected one of {', '.join(ALL_REDUCE_ALGORITHMS)}"
             )
-        if group_size is not None and (algorithm != "hierarchical" or group_size < 1):
+        if group_size is not None and (algorithm not in _GROUPED or group_size < 1):
             raise ValueError(
                 "group_size is a positive integer and only applies to algorithm='hierarchical'"
+                " or 'hierarchical_rs'"
             )
         if out is not None:
             self._check_out(out, tensor)
-        extra = {"group_size": group_size} if algorithm == "hierarchical" else {}
+        extra = {"group_size": group_size} if algorithm in _GROUPED else {}
         with self._collective("all_reduce", tensor, op=op, algorithm=algorithm, **extra):
             if algorithm == "ring":
                 return ring.all_reduce(self._comm, self._all, tensor, op, out=out)
@@ -422,6 +435,8 @@ class DistributedContext:
                     )
             elif algorithm == "hierarchical":
                 result = hierarchical.all_reduce(self._comm, self._all, tensor, op, group_size)
+            elif algorithm == "hierarchical_rs":
+                result = hierarchical_rs.all_reduce(self._comm, self._all, tensor, op, group_size)
             else:
                 result = _P2P_ALL_REDUCE[algorithm](self._comm, self._all, tensor, op)
             return result if out is None else out.copy_(result)

@@ -15,10 +15,16 @@ tree (binomial)        2 ceil(log2 n)        2 ceil(log2 n)
 recursive doubling     log2 p (+2 if n!=p)   log2 p (+2 if n!=p)
 naive (flat)           2(n-1)                2(n-1)
 hierarchical (g)       2 ceil(log2 g)+2(L-1) 2 ceil(log2 g) + 2(L-1)/L
+hierarchical_rs (g)    2(g-1) + 2(L-1)       2(g-1)/g + 2(L-1)/(L g)
 =====================  ====================  ==========================
 
 where p is the largest power of two <= n and L = ceil(n/g) is the number of
-groups. Reduction arithmetic is ignored: on real networks it overlaps with
+groups. ``hierarchical`` reduces to a group leader, runs a ring among the L
+leaders and broadcasts; ``hierarchical_rs`` (Horovod's hierarchical all-reduce)
+reduce-scatters inside the group, all-reduces each 1/g shard among the L ranks
+that own it, and all-gathers inside the group. In one link per rank, as here,
+the g cross-group rings of ``hierarchical_rs`` run at the same time, so its
+bandwidth term is the per-rank share. Reduction arithmetic is ignored: on real networks it overlaps with
 communication. The ring's bandwidth factor 2(n-1)/n is the lower bound for
 all-reduce, which is why nccl-tests reports *bus bandwidth*: algbw times that
 factor, comparable across world sizes.
@@ -37,6 +43,7 @@ ALGORITHMS: tuple[str, ...] = (
     "recursive_doubling",
     "naive",
     "hierarchical",
+    "hierarchical_rs",
     "torch",
 )
 
@@ -79,6 +86,13 @@ def cost_terms(
         inner = 2.0 * _log2_ceil(g)
         return inner + 2.0 * (groups - 1), inner + (
             2.0 * (groups - 1) / groups if groups > 1 else 0.0
+        )
+    if algorithm == "hierarchical_rs":
+        g = min(group_size or max(1, math.isqrt(n)), n)
+        groups = math.ceil(n / g)
+        cross = 2.0 * (groups - 1)
+        return 2.0 * (g - 1) + cross, 2.0 * (g - 1) / g + (
+            cross / groups / g if groups > 1 else 0.0
         )
     raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
 

@@ -4,7 +4,7 @@
 - :mod:`~ddtk.net.topology`: a cluster as data (GPUs, NVLink or PCIe, NICs, switch tiers),
   with presets for common systems, each number with its source.
 - :mod:`~ddtk.net.predict`: time and bus bandwidth of the collectives on such a cluster,
-  per algorithm (ring, double binary tree, hierarchical, in-network reduction), and the
+  per algorithm (ring, double binary tree, two hierarchical forms, in-network reduction), and the
   link that limits them.
 - :mod:`~ddtk.net.published`: published nccl-tests measurements and the model's error on them.
 - :mod:`~ddtk.net.emulate`: a bandwidth and a latency per pair of local ranks, inside ddtk's

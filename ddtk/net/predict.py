@@ -12,21 +12,32 @@ all_reduce          steps (intra / inter)       bytes per GPU link          byte
 ==================  ==========================  ==========================  ===================
 ring (flat)         2(P-1) - 2(N-1) / 2(N-1)    2(P-1)/P S (G-1)/G          2(P-1)/P S / k
 tree (double bin.)  2(G-1) / 2 ceil(log2 N)     2S                          2S/k (S/k if N = 2)
-hierarchical        2(G-1) / 2(N-1), in phases  2(G-1)/G S                  2(N-1)/N S / k
+hierarchical_rs     2(G-1) / 2(N-1), in phases  2(G-1)/G S                  2(N-1)/N S / k
+hierarchical        2 ceil(log2 G) / 2(N-1)     2 ceil(log2 G) S (leader)   2(N-1)/N S (one NIC)
 nvls (NVSwitch)     2 / tree across nodes       S (1 + 1/G)                 as tree
 in_network (SHARP)  2(G-1) / 2                  2S                          S/k
 ==================  ==========================  ==========================  ===================
 
 Ring, tree, NVLS and in-network reduction are pipelined, so their links work at
-the same time and the slowest one sets the pace; the hierarchical algorithm
-(ddtk's and Horovod's) runs reduce-scatter, all-reduce and all-gather one after
-the other. Traffic that leaves a leaf switch also crosses its spine uplinks,
+the same time and the slowest one sets the pace. The two hierarchical forms run
+their phases one after the other: ``hierarchical_rs`` (Horovod's
+``HOROVOD_HIERARCHICAL_ALLREDUCE``, ddtk's ``algorithm="hierarchical_rs"``) is a
+reduce-scatter inside the node, G all-reduces of S/G across nodes (one per GPU and
+its NIC) and an all-gather inside the node; ``hierarchical`` (ddtk's
+``algorithm="hierarchical"``) is a binomial-tree reduce to one leader per node, a
+ring all-reduce of the whole buffer among the leaders (one NIC each) and a
+broadcast. NCCL builds neither, so neither is among the algorithms ``predict``
+chooses from by itself (:data:`NCCL_ALGORITHMS`); ask for them by name.
+
+Traffic that leaves a leaf switch also crosses its spine uplinks,
 which an oversubscribed fabric makes slower than the NICs. all_gather and
 reduce_scatter use a ring (half the all-reduce's steps and bytes); all_to_all
 sends ``S/P`` to every peer at once, each GPU through its own NIC.
 
 For each algorithm the protocol (NCCL: LL, LL128, Simple) with the lowest time
-is chosen, as NCCL's tuner does. ``busbw`` follows nccl-tests' convention
+is chosen, as NCCL's tuner does, among the protocols NCCL enables on the cluster
+(:meth:`~ddtk.net.topology.Cluster.enabled_protocols`: LL128 needs NVLink and a
+near GPU-NIC path). ``busbw`` follows nccl-tests' convention
 (algbw x 2(n-1)/n for all_reduce, (n-1)/n for the others), so predictions and
 published measurements compare directly.
 
@@ -46,11 +57,13 @@ from dataclasses import dataclass, field
 from ddtk.net.topology import Cluster, Link, Protocol
 
 COLLECTIVES: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "hierarchical", "nvls", "in_network"),
+    "all_reduce": ("ring", "tree", "hierarchical", "hierarchical_rs", "nvls", "in_network"),
     "all_gather": ("ring",),
     "reduce_scatter": ("ring",),
     "all_to_all": ("direct",),
 }
+NCCL_ALGORITHMS: tuple[str, ...] = ("ring", "tree", "nvls", "in_network", "direct")
+"""What NCCL itself runs (in_network is CollNet, direct the all-to-all): ``predict``'s default choice."""
 _BUS = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
@@ -141,6 +154,23 @@ def _tree(c: Cluster, S: float, gpu_bytes: float | None = None) -> list[_Phase]:
     return [_Phase({"gpu": 2 * (G - 1), "nic": 2 * depth}, nbytes, tree=True, reduced=2 * S)]
 
 
+def _hierarchical_leader(c: Cluster, S: float) -> list[_Phase]:
+    """ddtk's form: binomial reduce to one leader per node, leaders' ring, binomial broadcast."""
+    N, G = c.nodes, c.gpus_per_node
+    depth = math.ceil(math.log2(G)) if G > 1 else 0
+    reduce = _Phase({"gpu": depth}, {"gpu": depth * S}, reduced=depth * S)
+    bcast = _Phase({"gpu": depth}, {"gpu": depth * S})
+    if N == 1:
+        return [reduce, bcast]
+    inter_bytes = 2 * (N - 1) / N * S  # the leader's NIC alone carries the node's traffic
+    inter = _Phase(
+        {"nic": 2 * (N - 1)},
+        {"nic": inter_bytes, "uplink": inter_bytes * _uplink_share(c, "all_reduce")},
+        reduced=(N - 1) / N * S,
+    )
+    return [reduce, inter, bcast] if G > 1 else [inter]
+
+
 def _hierarchical(c: Cluster, S: float) -> list[_Phase]:
     N, G, k = c.nodes, c.gpus_per_node, max(c.nics_per_node, 1)
     scatter = _Phase({"gpu": G - 1}, {"gpu": (G - 1) / G * S}, reduced=(G - 1) / G * S)
@@ -195,7 +225,7 @@ def applicable(c: Cluster, collective: str) -> tuple[str, ...]:
     for a in COLLECTIVES[collective]:
         if (a == "nvls" and not c.nvls) or (a == "in_network" and (not c.sharp or c.nodes == 1)):
             continue
-        if a in ("tree", "hierarchical") and c.ranks < 2:
+        if a in ("tree", "hierarchical", "hierarchical_rs") and c.ranks < 2:
             continue
         out.append(a)
     return tuple(out)
@@ -212,7 +242,8 @@ def _phases(c: Cluster, collective: str, algorithm: str, S: float) -> list[_Phas
     builders = {
         "ring": lambda: _ring(c, collective, S),
         "tree": lambda: _tree(c, S),
-        "hierarchical": lambda: _hierarchical(c, S),
+        "hierarchical": lambda: _hierarchical_leader(c, S),
+        "hierarchical_rs": lambda: _hierarchical(c, S),
         "nvls": lambda: _nvls(c, S),
         "in_network": lambda: _in_network(c, S),
     }
@@ -268,18 +299,22 @@ def predict(
 ) -> Prediction:
     """The predicted time of one ``collective`` of ``nbytes`` on ``cluster``.
 
-    ``algorithm`` None takes the fastest applicable one; ``protocol`` None the fastest
-    protocol for it (NVLS runs Simple only). ``nbytes`` follows nccl-tests: the buffer
+    ``algorithm`` None takes the fastest applicable one that NCCL runs
+    (:data:`NCCL_ALGORITHMS`); ``protocol`` None the fastest protocol NCCL enables
+    for it (NVLS runs Simple only; LL128 see :func:`~ddtk.net.topology.ll128_enabled`). ``nbytes`` follows nccl-tests: the buffer
     for all_reduce, the whole output for all_gather, the whole input for
     reduce_scatter, and what each rank sends in total for all_to_all.
     """
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or nbytes < 0:
         raise ValueError(f"nbytes must be a number of bytes >= 0, got {nbytes!r}")
-    algorithms = (algorithm,) if algorithm is not None else applicable(cluster, collective)
+    if algorithm is not None:
+        algorithms: tuple[str, ...] = (algorithm,)
+    else:
+        algorithms = tuple(a for a in applicable(cluster, collective) if a in NCCL_ALGORITHMS)
     best: Prediction | None = None
     for a in algorithms:
         phases = _phases(cluster, collective, a, float(nbytes))
-        for proto in cluster.protocols:
+        for proto in cluster.enabled_protocols():
             if protocol is not None and proto.name != protocol:
                 continue
             if a == "nvls" and proto.name != "Simple" and len(cluster.protocols) > 1:

@@ -19,6 +19,11 @@ NVLink as "bidirectional per GPU": 600 GB/s for A100 is 300 GB/s each way).
 * ``protocols``: what software gets from the wire. For NCCL the three protocols
   LL, LL128 and Simple, each with a share of the link bandwidth and a latency
   per hop (:data:`NCCL_PROTOCOLS`); for this machine's gloo a single one.
+* ``gpu_arch`` (compute capability x 10: 70, 80, 90) and ``gpu_nic_path`` (how
+  NCCL classifies the PCIe path from a GPU to its NIC: ``"PIX"``, ``"PXB"``,
+  ``"PXN"``, ``"PHB"``, ``"SYS"``) decide whether NCCL enables LL128
+  (:func:`ll128_enabled`); ``net_protocols`` names the protocols a network
+  plugin leaves on (None: all), e.g. aws-ofi-nccl's ``NCCL_PROTO=simple``.
 
 The presets (:data:`PRESETS`) name the source of every number in ``sources``.
 Predictions are in :mod:`ddtk.net.predict`.
@@ -32,6 +37,8 @@ from types import MappingProxyType
 from ddtk.net.units import format_rate, parse_rate, parse_time
 
 KINDS = ("nvlink", "pci", "net", "loopback")
+PCI_PATHS = ("PIX", "PXB", "PXN", "PHB", "SYS")
+"""NCCL's path types from a GPU to a NIC, nearest first (``PATH_PIX`` < ... < ``PATH_SYS``)."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,7 @@ NCCL_PROTOCOLS: tuple[Protocol, ...] = (
     ),
     Protocol(
         "LL128",
-        efficiency=_table(nvlink=_SIMPLE["nvlink"] * 0.92),  # NVLink only: NCCL verifies the path
+        efficiency=_table(nvlink=_SIMPLE["nvlink"] * 0.92, net=_SIMPLE["net"] * 0.92),
         hop=_table(nvlink=1.9 * _US, pci=2.5 * _US, net=4.0 * _US),
         tree_hop=_table(nvlink=1.2 * _US, pci=1.9 * _US, net=8.5 * _US),
         base=10.0 * _US,
@@ -116,9 +123,10 @@ NCCL_PROTOCOLS: tuple[Protocol, ...] = (
   dump (NVIDIA/nccl #1053), against 31.5 GB/s line rate.
 * LL carries 4 B of data in every 8 B store, "which makes LL maximum bandwidth 50% of the
   peak", and LL128 120 B per 128 B line (S. Jeaugey, NVIDIA/nccl #281). NCCL's tuner
-  counts LL ring at a quarter of the Simple bandwidth and LL128 at 0.92 of it, and enables
-  LL128 only on NVLink paths it has verified (src/graph/tuning.cc; nccl #786); the
-  efficiencies here are those.
+  counts LL ring at a quarter of the Simple bandwidth and LL128 at 0.92 of it (120/128),
+  on NVLink and on the network alike; the efficiencies here are those. LL128 has no
+  PCIe efficiency: NCCL never enables it without NVLink inside the node. Where NCCL
+  enables it is :func:`ll128_enabled` (src/graph/tuning.cc; nccl #786).
 * Latencies (base per call, per hop by link kind, tree hops apart): NCCL's tuning model,
   src/graph/tuning.cc (NVIDIA/nccl, commit 01afd20a), tables ``baseLat`` and ``hwLat``.
 """
@@ -143,6 +151,9 @@ class Cluster:
     protocols: tuple[Protocol, ...] = NCCL_PROTOCOLS
     sources: tuple[str, ...] = ()
     reduce_rate: float | None = None
+    gpu_arch: int | None = None
+    gpu_nic_path: str = "PXB"
+    net_protocols: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("gpus_per_node", "nodes"):
@@ -160,6 +171,22 @@ class Cluster:
         object.__setattr__(self, "switch_latency", parse_time(self.switch_latency))
         if not self.protocols:
             raise ValueError("a cluster needs at least one protocol")
+        if self.gpu_nic_path not in PCI_PATHS:
+            raise ValueError(
+                f"gpu_nic_path must be one of {', '.join(PCI_PATHS)}, got {self.gpu_nic_path!r}"
+            )
+
+    def enabled_protocols(self) -> tuple[Protocol, ...]:
+        """The protocols NCCL would enable on this cluster (see :func:`ll128_enabled`)."""
+        out = []
+        for proto in self.protocols:
+            if proto.name == "LL128" and not ll128_enabled(self):
+                continue
+            plugin_off = self.net_protocols is not None and proto.name not in self.net_protocols
+            if plugin_off and self.nodes > 1:  # the network plugin switched it off
+                continue
+            out.append(proto)
+        return tuple(out)
 
     @property
     def ranks(self) -> int:
@@ -197,6 +224,30 @@ class Cluster:
         return text + (f", {' and '.join(extras)}" if extras else "")
 
 
+def ll128_enabled(c: Cluster) -> bool:
+    """Whether NCCL enables LL128 by default on ``c``: its rule in src/graph/tuning.cc.
+
+    NCCL's ``ncclTopoTuneModel`` turns LL128 on only where it has tested it: NVLink
+    inside the node (``typeIntra <= PATH_NVB``), a GPU-NIC path no longer than
+    ``PATH_PXB`` (or ``PATH_PXN`` on Hopper, compute capability 9.0), all GPUs of one
+    architecture, and that architecture Volta, Ampere or Hopper ("Other cases are not
+    tested and may cause silent data corruption"). Recent NCCL adds Blackwell (100, 120)
+    to the list; 8.9 (Ada) and other architectures stay off. On one node the network path does
+    not matter. A DGX H100 (NVLink, each GPU and its NIC behind one PCIe switch) meets
+    it across nodes, so multi-node rings and trees run LL128 at medium sizes.
+    ``gpu_arch`` None means "one of those", as in the presets that predate the field.
+    """
+    if c.intra.kind != "nvlink":
+        return False
+    if c.gpu_arch is not None and c.gpu_arch not in (70, 80, 90, 100, 120):
+        return False
+    if c.nodes == 1:
+        return True
+    rank = PCI_PATHS.index(c.gpu_nic_path)
+    hopper = c.gpu_arch is not None and c.gpu_arch >= 90
+    return rank <= PCI_PATHS.index("PXB") or (hopper and rank <= PCI_PATHS.index("PXN"))
+
+
 # -- presets ---------------------------------------------------------------------------------
 _NVLINK3 = (
     "NVLink 3: 12 links, 600 GB/s per A100 in total, 300 GB/s each way (nvidia.com NVLink page)"
@@ -208,6 +259,14 @@ _NVLINK4 = (
 _HDR = (
     "InfiniBand HDR: 200 Gb/s per port, 'rate: 200 Gb/sec (4X HDR)' in ibstatus (NVIDIA/nccl #1412)"
 )
+_LL128 = (
+    "LL128 across nodes: NVLink inside, GPU and NIC behind one PCIe switch (PXB), which "
+    "NCCL's src/graph/tuning.cc requires before it enables LL128"
+)
+_OFI = (
+    "aws-ofi-nccl sets NCCL_PROTO=simple when the EFA endpoint cannot guarantee 128-byte "
+    "in-order stores (force_proto_simple for p4d/p4de in its platform table)"
+)
 _NDR = (
     "InfiniBand NDR: 400 Gb/s per ConnectX-7 port, 'Rate: 400' in ibstat (deepseek-ai/DeepEP #303)"
 )
@@ -218,10 +277,13 @@ DGX_A100 = Cluster(
     intra=Link("300GB/s", "nvlink"),
     nic=Link("200Gbit", "net"),
     nics_per_node=8,
+    gpu_arch=80,
+    gpu_nic_path="PXB",
     sources=(
         _NVLINK3,
         "8 single-port ConnectX-6 HDR NICs for the compute fabric (NVIDIA DGX A100 datasheet, 2020)",
         _HDR,
+        _LL128,
     ),
 )
 DGX_H100 = Cluster(
@@ -231,8 +293,11 @@ DGX_H100 = Cluster(
     nic=Link("400Gbit", "net"),
     nics_per_node=8,
     nvls=True,
+    gpu_arch=90,
+    gpu_nic_path="PXB",
     sources=(
         _NVLINK4,
+        _LL128,
         "'Four OSFP ports serving eight single-port NVIDIA ConnectX-7 VPI ... up to 400 Gb/s "
         "InfiniBand/Ethernet' (NVIDIA DGX BasePOD reference architecture, core components)",
         _NDR,
@@ -257,8 +322,11 @@ CLOUD_EFA_P4D = Cluster(
     intra=Link("300GB/s", "nvlink"),
     nic=Link("100Gbit", "net"),
     nics_per_node=4,
+    gpu_arch=80,
+    net_protocols=("Simple",),
     sources=(
         _NVLINK3,
+        _OFI,
         "'8 x 40 GB NVIDIA Tesla A100 GPUs with NVSwitch and 400 Gbps Elastic Fabric Adapter' "
         "(AWS Compute blog, 'Amazon EC2 P4d instances deep dive'): 4 x 100 Gb/s EFA",
     ),
@@ -270,8 +338,11 @@ CLOUD_EFA_P5 = Cluster(
     nic=Link("400Gbit", "net"),
     nics_per_node=8,
     nvls=True,
+    gpu_arch=90,
+    net_protocols=("Simple",),
     sources=(
         _NVLINK4,
+        _OFI,
         "'P5 ... support up to 32 network cards and can provide up to 3,200 Gbps' (AWS EC2 user "
         "guide, p5 EFA page): modelled as 8 x 400 Gb/s, one rail per GPU",
     ),
@@ -283,6 +354,7 @@ CLOUD_ETHERNET = Cluster(
     nic=Link("100Gbit", "net"),
     nics_per_node=1,
     rail_optimized=False,
+    gpu_nic_path="SYS",
     sources=(
         _NVLINK3,
         "one 100 Gb/s Ethernet NIC without RDMA: 'Ethernet has no GPU Direct RDMA, so everything "

@@ -34,6 +34,15 @@ MUTANTS = {
                 )
             ],
         ),
+        "IB without GDR answered by forcing NCCL_NET_GDR_LEVEL=PHB": (
+            NCCL_LOG,
+            [
+                (
+                    '        transport = "IB"  # no GPUDirect RDMA',
+                    '        fixes["NCCL_NET_GDR_LEVEL"] = "PHB"\n        transport = "IB"  # no GPUDirect RDMA',
+                )
+            ],
+        ),
         "NCCL_IB_DISABLE=0 suggested for every socket log": (
             NCCL_LOG,
             [

@@ -104,8 +104,7 @@ def nccl_log(rng: random.Random, situation: str, docker: str | None) -> tuple[st
             lines.append(
                 line(f"Channel {c:02d}/0 : {rank0 + a}[{a}] -> {peer}[{a}] [send] via {how}", a)
             )
-    if situation == "IB":
-        fixes["NCCL_NET_GDR_LEVEL"] = "PHB"
+    # "IB" (no GPUDirect RDMA) has no fix in a variable: the causes are on the host
     if docker:
         fixes["NCCL_SOCKET_IFNAME"] = "^lo,docker"
     transport = situation.split(":")[0]
