@@ -37,7 +37,8 @@ from typing import Any
 RAY_GROUP = "ray"
 RAY_FILES = frozenset({
     "tests/test_course_grade.py", "tests/test_lab01.py", "tests/test_lab03.py",
-    "tests/test_notebooks.py", "tests/test_recovery_ray.py",
+    "tests/test_notebooks.py", "tests/test_recovery_ray.py", "tests/test_ray_procs.py",
+    "tests/test_lecture02_ray_texts.py",
     "course/02-ray.ipynb", "course/06-fault-tolerance.ipynb",
 })  # fmt: skip
 LAB_GROUPS = {"tests/test_lab02.py": "lab02", "tests/test_lab04.py": "lab04"}
