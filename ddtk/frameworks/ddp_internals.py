@@ -11,6 +11,9 @@ ranks started by :func:`ddtk.launch`, and observes it from the outside:
   arrived, capped by ``bucket_cap_mb``.
 * :func:`planned_buckets` asks ``torch.distributed._compute_bucket_assignment_by_size``
   (what DDP calls) for the assignment by size alone, without ranks.
+* :func:`rebuilt_buckets` runs the same assignment in gradient-arrival order, as
+  the Reducer's rebuild after the first iteration does (the figure of lecture 03).
+  Both call a private torch function; ``tests/test_ddp_private_apis.py`` pins it.
 * :func:`flag_demo` shows what ``gradient_as_bucket_view``, ``static_graph`` and
   ``find_unused_parameters`` change, measured on the live model.
 * :func:`hook_benchmark` runs DDP with ``allreduce_hook``, ``fp16_compress_hook``,
@@ -39,6 +42,7 @@ __all__ = [
     "flag_demo",
     "hook_benchmark",
     "planned_buckets",
+    "rebuilt_buckets",
     "run_bucket_trace",
     "run_flag_demo",
     "run_hook_benchmark",
@@ -63,6 +67,29 @@ def planned_buckets(shapes: Sequence[Sequence[int]], cap_bytes: int) -> list[lis
     params = [torch.empty(*s) for s in shapes]
     indices, _ = dist._compute_bucket_assignment_by_size(params, [cap_bytes], [False] * len(params))
     return list(reversed(indices))
+
+
+def rebuilt_buckets(
+    shapes: Sequence[Sequence[int]], cap_bytes: int, first_cap_bytes: int | None = None
+) -> list[list[int]]:
+    """Parameter indices per bucket after DDP's rebuild, bucket 0 first, for gradients arriving in reverse order.
+
+    After the first iteration the Reducer re-runs the same size-based assignment on
+    the parameters in the order their gradients arrived (here: reverse registration
+    order, as a plain sequential backward produces them), with the first bucket
+    capped at ``first_cap_bytes`` (1 MiB when ``bucket_cap_mb`` is left at its
+    default, else ``cap_bytes``). Float32 parameters of these shapes.
+
+    >>> rebuilt_buckets([(100,), (100,), (300,)], cap_bytes=800)
+    [[2], [1, 0]]
+    """
+    first = cap_bytes if first_cap_bytes is None else first_cap_bytes
+    arrival = list(reversed(range(len(shapes))))
+    params = [torch.empty(*shapes[i]) for i in arrival]
+    indices, _ = dist._compute_bucket_assignment_by_size(
+        params, [first, cap_bytes], [False] * len(params)
+    )
+    return [[arrival[i] for i in bucket] for bucket in indices]
 
 
 def _record_hook(log: list[dict]) -> Callable:
@@ -92,7 +119,9 @@ def _batch(seed: int, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     return ds.x[idx], ds.y[idx]
 
 
-def bucket_trace(ctx: Any, bucket_cap_mb: float = 0.02, steps: int = 2, model: str = "resnet") -> dict:
+def bucket_trace(
+    ctx: Any, bucket_cap_mb: float = 0.02, steps: int = 2, model: str = "resnet"
+) -> dict:
     """In a rank: the buckets DDP's Reducer really sent, per iteration, with parameter names."""
     from ddtk.models import build_model
 
@@ -111,8 +140,11 @@ def bucket_trace(ctx: Any, bucket_cap_mb: float = 0.02, steps: int = 2, model: s
             {**b, "params": [names[i] for i in b["params"]]} for b in sorted(log, key=lambda b: b["index"])
         ])  # fmt: skip
     order = [n for n, _ in net.named_parameters()]
-    return {"steps": per_step, "registration_order": order, "bucket_cap_bytes": ddp.bucket_bytes_cap,
-            "logging": {k: v for k, v in ddp._get_ddp_logging_data().items() if "bucket" in k}}  # fmt: skip
+    return {
+        "steps": per_step,
+        "registration_order": order,
+        "bucket_cap_bytes": ddp.bucket_bytes_cap,
+    }
 
 
 class _Branchy(nn.Module):
@@ -167,7 +199,6 @@ def flag_demo(ctx: Any) -> dict:
         ddp(x, use_b=False).sum().backward()
     out["unused_with_flag_ms"] = 1e3 * (time.perf_counter() - start) / 5
     out["unused_grad_is_none"] = ddp.module.b.weight.grad is None
-    out["can_set_static_graph"] = bool(ddp._get_ddp_logging_data().get("can_set_static_graph"))
     torch.manual_seed(0)
     ddp = nn.parallel.DistributedDataParallel(_Branchy(), static_graph=True)
     for _ in range(3):
@@ -289,7 +320,9 @@ def run_flag_demo(world_size: int = 2) -> dict:
     return ddtk.launch(flag_demo, world_size, backend="gloo", echo=False, timeout=120)[0]
 
 
-def run_hook_benchmark(world_size: int = 2, steps: int = 10, hooks: Sequence[str] = CPU_HOOKS) -> dict:
+def run_hook_benchmark(
+    world_size: int = 2, steps: int = 10, hooks: Sequence[str] = CPU_HOOKS
+) -> dict:
     """:func:`hook_benchmark` on ``world_size`` ranks; rank 0's result."""
     import ddtk
 
