@@ -49,7 +49,9 @@ def test_lab02_mutant_matrix_stub_fails_solution_passes_every_mutant_fails() -> 
     assert "compression argument is not used" in words["the compression argument is ignored"]
     assert "rank 0's only" in words["the first rank of every host saves (local_rank == 0)"]
     assert "insertion order" in words["metrics in each rank's insertion order, not sorted"]
-    assert "DDP has no 1-process run" in words["only Horovod's 1-process run is required"]
+    assert "the predictions of" in words["no cap at one process per core"]
+    assert "the trend of" in words["the trend read from every run, past the core count too"]
+    assert "e(n) of" in words["efficiency in place of speedup in Karp-Flatt"]
     assert "warm-up ends at step" in words["the warm-up rounded down to whole steps"]
 
 
@@ -69,7 +71,7 @@ def test_lab02_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
         6: ("6b540593", "import ddtk.frameworks.horovod_timeline as ht\n"
             "def timeline_spans(events):\n    return ht.parse_timeline(str(events))\n",
             "imports ddtk.frameworks.horovod_timeline"),
-        8: ("3860097d", "import importlib\nscaling_table = importlib.import_module('ddtk.project.scaling')\n",
+        8: ("3860097d", "import importlib\nscaling_model = importlib.import_module('ddtk.project.scaling')\n",
             "uses importlib"),
         4: ("b780aa0b", "import ddtk.course.judges.lab02 as j\ndef distribute(m, o, c):\n    return o\n",
             "imports ddtk.course.judges.lab02"),

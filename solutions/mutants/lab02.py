@@ -158,27 +158,51 @@ MUTANTS = {
         ),
     },
     8: {
-        "only Horovod's 1-process run is required": (
+        "throughput extrapolated in a straight line from the largest run": (
             SCALING,
             [
                 (
-                    'for label, runs in (("Horovod", horovod_runs), ("DDP", ddp_runs)):',
-                    'for label, runs in (("Horovod", horovod_runs),):',
-                ),
+                    "    predicted = {n: amdahl(min(n, cores)) for n in predict}",
+                    "    top = max(images_per_s)\n"
+                    "    predicted = {n: images_per_s[top] * min(n, cores) / top for n in predict}",
+                )
             ],
         ),
-        "process counts in Horovod's order, not sorted": (
+        "a growing e predicted as if it were constant": (
             SCALING,
             [
                 (
-                    "for n in sorted(set(horovod_runs) & set(ddp_runs)):",
-                    "for n in [n for n in horovod_runs if n in ddp_runs]:",
-                ),
+                    "        f = min(1.0, max(0.0, a + b * m))",
+                    "        f = min(1.0, max(0.0, a + b * sum(usable) / len(usable)))",
+                )
             ],
         ),
-        "DDP's wall time taken from the Horovod runs": (
+        "no cap at one process per core": (
             SCALING,
-            [('"ddp_wall_s": ddp_runs[n]["wall_s"],', '"ddp_wall_s": horovod_runs[n]["wall_s"],')],
+            [
+                (
+                    "    predicted = {n: amdahl(min(n, cores)) for n in predict}",
+                    "    predicted = {n: amdahl(n) for n in predict}",
+                )
+            ],
+        ),
+        "efficiency in place of speedup in Karp-Flatt": (
+            SCALING,
+            [
+                (
+                    "        speedup = images_per_s[n] / x1",
+                    "        speedup = images_per_s[n] / (n * x1)",
+                )
+            ],
+        ),
+        "the trend read from every run, past the core count too": (
+            SCALING,
+            [
+                (
+                    "    usable = [n for n in karp_flatt if n <= cores] or list(karp_flatt)",
+                    "    usable = list(karp_flatt)",
+                )
+            ],
         ),
     },
 }

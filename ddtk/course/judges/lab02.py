@@ -38,9 +38,12 @@ worker's confinement) where what a single process cannot show is at stake:
    itself.
 7. **name the bottleneck**: seeded phase tables (rows shuffled, the largest phase
    varies, and is not always ``NEGOTIATE_ALLREDUCE``).
-8. **scaling table**: seeded runs with process counts missing from one framework or
-   the other, inserted out of order, and runs without a 1-process baseline for either
-   framework.
+8. **what limits scaling**: seeded throughput drawn from a known serial fraction s and
+   overhead growth g (X(n) = X(1) n / (1 + s (n - 1) + g (n - 1)^2), so e(n) = s + g (n - 1)
+   exactly), inserted in any order: a constant e, a growing one, a host with fewer cores
+   than the processes measured, one process count above 1, and the inputs that must
+   raise. The judge applies the exercise's rules itself and compares e(n), the trend,
+   the limit and the predictions.
 
 Exercise 9 (the interpretation) is free text about the learner's own measurements:
 no check can judge it, so it stays in the kernel's check (no blank left) and in the
@@ -67,7 +70,7 @@ TWO_HOSTS = "localhost:1,127.0.0.1:1"  # two "nodes" of one slot each: rank 1 is
 _STALL = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"}
 _HOROVOD_RECIPES = ("ddtk.examples", "ddtk.frameworks", "ddtk.recovery", "horovod.runner")
 _TIMELINE_READERS = ("ddtk.frameworks", "ddtk.profiling", "ddtk.examples")
-_SCALING = ("ddtk.profiling", "ddtk.project", "ddtk.frameworks", "ddtk.bench")
+_SCALING = ("ddtk.profiling", "ddtk.project", "ddtk.frameworks", "ddtk.bench", "ddtk.viz")
 # What the lab's set-up cell hands out from the modules above.
 _GIVEN = tuple(
     f"ddtk.frameworks.launchers.{n}"
@@ -806,85 +809,109 @@ def check_bottleneck(ctx: Context) -> None:
 # ------------------------------------------------------------------ exercise 8
 
 
-def scaling_runs(rng: random.Random) -> list[tuple[dict, dict]]:
-    """Seeded Horovod and DDP runs: counts missing on one side, out of order, no baseline."""
+def scaling_cases(rng: random.Random) -> list[dict]:
+    """Seeded measurements from a known serial fraction s and overhead growth g, where
+    X(n) = X(1) n / (1 + s (n - 1) + g (n - 1)^2), so that e(n) = s + g (n - 1) exactly:
+    a constant e, a growing one, a host with fewer cores than the processes measured, a
+    single process count above 1, and the two inputs that must raise."""
 
-    def runs(counts: list[int], shuffle: bool = True) -> dict:
-        if shuffle:
-            rng.shuffle(counts)
-        return {n: {"images_per_s": round(rng.uniform(300, 4000), 3),
-                    "wall_s": round(rng.uniform(3, 60), 3)} for n in counts}  # fmt: skip
+    def runs(counts: list[int], s: float, g: float) -> dict[int, float]:
+        x1 = rng.uniform(200, 5000)
+        rng.shuffle(counts)  # any insertion order
+        return {n: round(x1 * n / (1 + s * (n - 1) + g * (n - 1) ** 2), 6) for n in counts}
 
-    cases = []
-    for _ in range(2):
-        both = [1, *rng.sample([2, 3, 4, 6, 8, 16], 3)]
-        horovod = [*sorted(both, reverse=True), rng.choice([5, 12])]  # out of order, always
-        cases.append((runs(horovod, shuffle=False), runs([*both, rng.choice([7, 32])])))
-    cases.append((runs([1, 2, 4]), runs([2, 4, 8])))  # DDP has no 1-process run
-    cases.append((runs([2, 4]), runs([1, 2, 4])))  # Horovod has none
-    return cases
+    return [
+        {"runs": runs([1, 2, 4], rng.uniform(0.02, 0.3), 0.0), "cores": rng.choice([8, 16]),
+         "predict": [3, rng.choice([6, 8])]},
+        {"runs": runs([1, 2, 4, 8], rng.uniform(0.0, 0.1), rng.uniform(0.02, 0.08)),
+         "cores": rng.choice([16, 32]), "predict": [rng.choice([12, 16]), 6]},
+        {"runs": runs([1, 2, 4], rng.uniform(0.0, 0.1), rng.uniform(0.04, 0.1)), "cores": 2,
+         "predict": [4, 8]},
+        {"runs": runs([1, rng.choice([2, 3])], rng.uniform(0.05, 0.3), 0.0), "cores": 4,
+         "predict": [4]},
+        {"runs": runs([2, 4], 0.1, 0.0), "cores": 8, "predict": [8]},
+        {"runs": runs([1], 0.1, 0.0), "cores": 8, "predict": [8]},
+    ]  # fmt: skip
 
 
-def expected_scaling(h: dict, d: dict) -> dict | str:
-    """The lab's table as columns, or "ValueError" without a 1-process run."""
-    if 1 not in h or 1 not in d:
+def expected_model(case: Mapping[str, Any], delta: float = 0.05) -> dict | str:
+    """The exercise's rules, applied by the judge: e(n), trend, limit, predictions."""
+    x, cores = case["runs"], case["cores"]
+    if 1 not in x or len(x) < 2:
         return "ValueError"
-    index = sorted(set(h) & set(d))
-    x = {n: (h[n]["images_per_s"], d[n]["images_per_s"]) for n in index}
-    return {"index": index, "name": "processes", "columns": {
-        "horovod_images_per_s": [x[n][0] for n in index],
-        "horovod_efficiency": [x[n][0] / (n * h[1]["images_per_s"]) for n in index],
-        "ddp_images_per_s": [x[n][1] for n in index],
-        "ddp_efficiency": [x[n][1] / (n * d[1]["images_per_s"]) for n in index],
-        "horovod_over_ddp": [x[n][0] / x[n][1] for n in index],
-        "horovod_wall_s": [h[n]["wall_s"] for n in index],
-        "ddp_wall_s": [d[n]["wall_s"] for n in index]}}  # fmt: skip
+    e = {n: (x[1] / x[n] - 1 / n) / (1 - 1 / n) for n in sorted(x) if n > 1}
+    points = [(n, v) for n, v in e.items() if n <= cores] or list(e.items())
+    growing = len(points) >= 2 and points[-1][1] - points[0][1] > delta
+    ns, vs = [n for n, _ in points], [v for _, v in points]
+    slope = 0.0
+    if growing:
+        mn, mv = sum(ns) / len(ns), sum(vs) / len(vs)
+        slope = sum((n - mn) * (v - mv) for n, v in points) / sum((n - mn) ** 2 for n in ns)
+    intercept = sum(vs) / len(vs) - slope * sum(ns) / len(ns)
+
+    def amdahl(m: int) -> float:
+        f = min(1.0, max(0.0, intercept + slope * m))
+        return x[1] * m / (1 + f * (m - 1))
+
+    return {"karp_flatt": {str(n): v for n, v in e.items()},
+            "trend": "growing" if growing else "constant",
+            "limit": "cores" if max(case["predict"]) > cores else "overhead" if growing else "serial",
+            "predicted": {str(n): amdahl(min(n, cores)) for n in case["predict"]}}  # fmt: skip
 
 
-def probe_scaling(ns: dict[str, Any], cases: list[tuple[dict, dict]]) -> list[Any]:
-    """``scaling_table`` of each case, as plain columns, or the name of what it raised."""
+def probe_model(ns: dict[str, Any], cases: list[dict]) -> list[Any]:
+    """``scaling_model`` of each case as plain JSON (keys as strings), or what it raised."""
     out: list[Any] = []
-    for h, d in cases:
+    for case in cases:
+        runs = {int(n): v for n, v in case["runs"].items()}
         try:
-            frame = ns["scaling_table"](h, d)
+            got = ns["scaling_model"](runs, case["cores"], list(case["predict"]))
         except ValueError:
             out.append("ValueError")
             continue
         except Exception as exc:
-            if 1 in h and 1 in d:
-                raise
-            out.append(_error_text(exc))  # a baseline is missing: the check names it
+            out.append(_error_text(exc))
             continue
-        out.append({"index": [int(i) for i in frame.index], "name": str(frame.index.name),
-                    "columns": {str(c): [float(v) for v in frame[c].tolist()]
-                                for c in frame.columns}})  # fmt: skip
+        if not isinstance(got, Mapping):
+            out.append(f"a {type(got).__name__}, not a dict")
+            continue
+        plain = {}
+        for key in ("karp_flatt", "predicted"):
+            value = got.get(key)
+            plain[key] = ({str(n): float(v) for n, v in value.items()}
+                          if isinstance(value, Mapping) else repr(value))  # fmt: skip
+        plain |= {key: str(got.get(key)) for key in ("trend", "limit")}
+        out.append(plain)
     return out
 
 
-def check_scaling(ctx: Context) -> None:
-    cases = scaling_runs(random.Random(ctx.seed))
-    got = ctx.worker().probe(f"{_P}:probe_scaling", cases=cases)
-    for (h, d), value in zip(cases, got):
-        what = f"scaling_table of seeded runs (Horovod at {list(h)}, DDP at {list(d)} processes)"
-        want = expected_scaling(h, d)
+def _close(mine: Any, want: Mapping[str, float]) -> bool:
+    return (isinstance(mine, Mapping) and set(mine) == set(want)
+            and all(math.isclose(mine[k], v, rel_tol=1e-6, abs_tol=1e-9) for k, v in want.items()))  # fmt: skip
+
+
+def check_model(ctx: Context) -> None:
+    cases = scaling_cases(random.Random(ctx.seed))
+    sent = [{**c, "runs": {str(n): v for n, v in c["runs"].items()}} for c in cases]
+    got = ctx.worker().probe(f"{_P}:probe_model", cases=sent)
+    for case, value in zip(cases, got):
+        what = (f"scaling_model of images/s {dict(sorted(case['runs'].items()))} on {case['cores']} "
+                f"cores, predicting {case['predict']}")  # fmt: skip
+        want = expected_model(case)
         if want == "ValueError" or not isinstance(value, Mapping):
-            missing = "Horovod" if 1 not in h else "DDP" if 1 not in d else None
-            expect(value == want, what + (f": {missing} has no 1-process run" if missing else ""),
-                   expected=want if want == "ValueError" else "a table",
-                   got="a table" if isinstance(value, Mapping) else value)  # fmt: skip
+            expect(value == want, what, expected=want if isinstance(want, str) else "a model",
+                   got=value)  # fmt: skip
             continue
-        expect(value["index"] == want["index"] and value["name"] == "processes",
-               f"the index of {what}", expected=f"processes: {want['index']} (in both, sorted)",
-               got=f"{value['name']}: {value['index']}")  # fmt: skip
-        for column, values in want["columns"].items():
-            mine = value["columns"].get(column, "missing column")
-            same = (
-                mine != "missing column"
-                and len(mine) == len(values)
-                and all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(mine, values))
+        rounded = {k: round(v, 6) for k, v in want["karp_flatt"].items()}
+        expect(_close(value["karp_flatt"], want["karp_flatt"]), f"e(n) of {what}",
+               expected=rounded, got=value["karp_flatt"])  # fmt: skip
+        for key in ("trend", "limit"):
+            expect(
+                value[key] == want[key], f"the {key} of {what}", expected=want[key], got=value[key]
             )
-            expect(same, f"column {column} of {what}", expected=[round(v, 6) for v in values],
-                   got=mine if isinstance(mine, str) else [round(v, 6) for v in mine])  # fmt: skip
+        expect(_close(value["predicted"], want["predicted"]), f"the predictions of {what}",
+               expected={k: round(v, 3) for k, v in want["predicted"].items()},
+               got=value["predicted"])  # fmt: skip
 
 
 JUDGE = LabJudge(
@@ -905,7 +932,7 @@ JUDGE = LabJudge(
                     _TIMELINE_READERS, _GIVEN),
         7: Exercise(7, "name the bottleneck", ("84157591",), check_bottleneck,
                     _TIMELINE_READERS, _GIVEN),
-        8: Exercise(8, "scaling table", ("3860097d",), check_scaling, _SCALING, _GIVEN),
+        8: Exercise(8, "what limits scaling", ("3860097d",), check_model, _SCALING, _GIVEN),
     },
 )  # fmt: skip
 
