@@ -53,6 +53,9 @@ test: ## run the whole test suite, notebooks and the browser test included (FRES
 	@# the Python install (network), the Horovod compile (CPU) and the Debian packages (disk) overlap
 	@$(MAKE) --no-print-directory -j3 venv horovod-wheel debs
 	@$(MAKE) --no-print-directory horovod
+	@# DeepSpeed compiles its CPU shared-memory op on first use (ddtk/frameworks/deepspeed_ops.py):
+	@# build it in the background, beside the tests; a job that needs it first waits on DeepSpeed's lock
+	@mkdir -p build && ($(BIN)/python -m ddtk.frameworks.deepspeed_ops > build/deepspeed-ops.log 2>&1 &)
 	@# bytecode for every rank, kernel and worker process to load (PYTHONDONTWRITEBYTECODE=1 stops imports writing it)
 	$(BIN)/python -m compileall -q -j 0 ddtk tests >/dev/null
 	@# build/executed/ keeps executed notebooks by code, parameters and environment (ddtk/course/executions.py)

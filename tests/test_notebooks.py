@@ -42,10 +42,10 @@ def test_lecture_05_runs_with_three_ranks_and_fp16(tmp_path) -> None:
 
 
 LECTURE_02_SMALL = {
-    "overhead_calls": 100, "putget_sizes_kib": [4, 1024], "ps_steps": 10, "data_repeat": 1,
-    "data_epochs": 1, "train_epochs": 2, "allreduce_floats": [16384], "tune_samples": 4,
-    "tune_max_iter": 4, "pbt_population": 2, "pbt_iters": 4, "pbt_interval": 2,
-    "optuna_processes": 2, "optuna_trials_per_process": 3,
+    "overhead_calls": 50, "putget_sizes_kib": [4, 1024], "batch_tasks": 4, "ps_steps": 5,
+    "data_repeat": 1, "data_epochs": 1, "train_epochs": 1, "allreduce_floats": [16384],
+    "tune_samples": 3, "tune_max_iter": 3, "pbt_population": 2, "pbt_iters": 2, "pbt_interval": 1,
+    "optuna_processes": 2, "optuna_trials_per_process": 2,
 }  # fmt: skip
 
 

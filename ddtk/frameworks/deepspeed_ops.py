@@ -1,0 +1,38 @@
+"""Build DeepSpeed's CPU shared-memory communication op ahead of the first job that needs it.
+
+On a CPU, ``deepspeed.comm`` JIT-compiles ``deepspeed_shm_comm`` (two C++ files, with
+ninja) the first time a process group starts, and caches it under
+``~/.cache/torch_extensions``: about 20 s of two cores on a quiet machine, minutes on a
+busy one, paid by whichever job comes first. ``make test`` runs this module in the
+background before the tests start, so the compile overlaps with them; a job that needs
+the op meanwhile waits on DeepSpeed's own build lock rather than compiling it twice.
+It calls DeepSpeed's own ``build_shm_op``, so the cached build is the one a job loads.
+
+    python -m ddtk.frameworks.deepspeed_ops
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def build() -> str:
+    """Build (or load from the cache) the op; say what happened and how long it took."""
+    started = time.perf_counter()
+    try:
+        from deepspeed.comm.torch import build_shm_op
+    except ImportError:
+        return "DeepSpeed is not installed: nothing to build"
+    op = build_shm_op()
+    seconds = time.perf_counter() - started
+    if op is None:
+        return f"this accelerator needs no shared-memory op ({seconds:.1f} s)"
+    return f"{op.__name__} ready in {seconds:.1f} s ({op.__file__})"
+
+
+def main() -> None:
+    print(build(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
