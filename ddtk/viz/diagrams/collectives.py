@@ -126,7 +126,8 @@ def double_binary_tree(nranks: int = 8) -> list[dict[int, int]]:
     return [first, second]
 
 
-def _depths(parents: dict[int, int]) -> dict[int, int]:
+def tree_depths(parents: dict[int, int]) -> dict[int, int]:
+    """Each rank's depth in a tree given as {rank: parent} (the root's parent is -1)."""
     depth = {}
     for r in parents:
         d, p = 0, parents[r]
@@ -137,7 +138,7 @@ def _depths(parents: dict[int, int]) -> dict[int, int]:
 
 
 def _draw_tree(ax: Axes, parents: dict[int, int], color: str, title: str) -> None:
-    depth = _depths(parents)
+    depth = tree_depths(parents)
     for r, p in parents.items():
         if p >= 0:
             ax.plot([p, r], [-depth[p], -depth[r]], color=color, lw=2, zorder=1)

@@ -18,7 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from ddtk.viz.diagrams.collectives import double_binary_tree
+from ddtk.viz.diagrams.collectives import double_binary_tree, tree_depths
 
 _RAILS = plt.get_cmap("tab10")
 _TREES = ("#4c72b0", "#dd8452")
@@ -92,12 +92,7 @@ def draw_rail_optimized_fat_tree(
 
 
 def _tree_positions(parents: dict[int, int]) -> dict[int, tuple[float, float]]:
-    depth = {}
-    for r in parents:
-        d, p = 0, parents[r]
-        while p >= 0:
-            d, p = d + 1, parents[p]
-        depth[r] = d
+    depth = tree_depths(parents)
     return {r: (float(r), -2.2 * depth[r]) for r in parents}
 
 
