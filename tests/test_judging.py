@@ -125,6 +125,23 @@ def test_a_worker_answers_with_data_only_and_sees_no_solution() -> None:
     assert not (ROOT / "ddtk" / "pwned").exists()
 
 
+def _sort_in_place(ns: dict, items: list) -> list:
+    """A probe whose answer edits its input in place (lab 01's template mutant does)."""
+    items.sort()
+    return items
+
+
+def test_a_local_check_sees_an_input_edited_in_place_as_the_grader_does() -> None:
+    """A notebook's own check (LocalWorker) gets copies of the probe's arguments, as a
+    worker process gets them pickled: the judge's own inputs stay as they were."""
+    from ddtk.course.judging.session import LocalWorker
+
+    sent = [3, 1, 2]
+    with LocalWorker({}) as w:
+        assert w.probe("test_judging:_sort_in_place", items=sent) == [1, 2, 3]
+    assert sent == [3, 1, 2]
+
+
 def test_course_check_mutants_reports_a_hole_and_fails(monkeypatch, capsys) -> None:
     import ddtk.course.judging.mutants as mutants
     from ddtk.course.cli import main

@@ -116,6 +116,36 @@ def test_lab01_seeded_expositions_parse_as_the_judge_expects() -> None:
     assert escaped >= 30  # most expositions hold escaped label values
 
 
+def test_lab01_scaling_cases_never_come_sorted() -> None:
+    """The judge's seed is secret and fresh each time: an answer that keeps the order the
+    runs came in must fail under every seed, so no case may arrive already sorted."""
+    from ddtk.course.judges.lab01 import scaling_cases
+
+    for seed in range(500):
+        for ray_runs, ddp_runs in scaling_cases(random.Random(seed)):
+            for runs in (ray_runs, ddp_runs):
+                if 1 in runs:  # the cases without a 1-worker run must raise anyway
+                    assert list(runs) != sorted(runs), seed
+
+
+def test_lab01_loop_cases_tell_a_ranks_own_accuracy_from_the_global(monkeypatch) -> None:
+    """Seeds 1, 10 and 11 first draw shards on which the reference model scores the same on
+    both ranks' val shards (a rank's own accuracy would pass as the global one): the
+    judge draws again; seeds 0 and 2 keep their first draw."""
+    from ddtk.course.judges import lab01
+
+    draws: list[int] = []
+    first_draw = lab01._loop_inputs
+    monkeypatch.setattr(
+        lab01, "_loop_inputs", lambda seed: (draws.append(seed), first_draw(seed))[1]
+    )
+    for seed in (0, 1, 2, 10, 11):
+        draws.clear()
+        _data, _config, _nodes, ref = lab01._loop_case(seed)
+        assert any(abs(own - ev[0]) > 1e-3 for ev in ref["evals"] for own in ev[1:]), seed
+        assert len(draws) == (2 if seed in (1, 10, 11) else 1), (seed, draws)
+
+
 def test_lab01_judge_template_is_the_notebooks() -> None:
     import ast
 

@@ -49,6 +49,8 @@ def test_lab02_mutant_matrix_stub_fails_solution_passes_every_mutant_fails() -> 
     assert "compression argument is not used" in words["the compression argument is ignored"]
     assert "rank 0's only" in words["the first rank of every host saves (local_rank == 0)"]
     assert "insertion order" in words["metrics in each rank's insertion order, not sorted"]
+    assert "overlapping spans count once" in words["overlapping spans summed, not counted once"]
+    assert "the verdict of diagnose_allreduce" in words["the threshold fixed at 256 KiB"]
     assert "the predictions of" in words["no cap at one process per core"]
     assert "the trend of" in words["the trend read from every run, past the core count too"]
     assert "e(n) of" in words["efficiency in place of speedup in Karp-Flatt"]
@@ -83,3 +85,28 @@ def test_lab02_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
     )
     exercise = judge.exercises[8]
     assert audit(given, (*exercise.forbid, "ddtk.course"), exercise.allow) == []
+
+
+def test_lab02_diagnosis_cases_plant_each_verdict_with_its_trap() -> None:
+    """Exercise 7's seeded span tables give the verdict each was built for, under any seed,
+    and the traps hold: summed negotiations win where latency is the answer, a call
+    counted per tensor falls under the threshold where bandwidth is, and that call
+    stays under the default 256 KiB (so a fixed threshold fails too)."""
+    import random
+
+    from ddtk.course.judges.lab02 import _VERDICTS, diagnosis_cases, expected_diagnosis
+
+    for seed in range(200):
+        cases = {c["bound"]: c for c in diagnosis_cases(random.Random(seed))}
+        assert set(cases) == set(_VERDICTS), seed
+        for bound, case in cases.items():
+            got = expected_diagnosis(case["rows"], case["steps"], case["latency_bytes"])
+            assert got["bound"] == bound, (seed, bound, got)
+        late = cases["latency"]
+        summed = sum(r["dur_ms"] for r in late["rows"] if r["phase"] == "NEGOTIATE_ALLREDUCE")
+        assert (
+            summed / late["steps"] > expected_diagnosis(late["rows"], late["steps"], 1)["reduce_ms"]
+        )
+        wide = cases["bandwidth"]
+        per_call = expected_diagnosis(wide["rows"], wide["steps"], 1)["bytes_per_call"]
+        assert per_call / 3 < wide["latency_bytes"] <= per_call < 256 * 1024, seed

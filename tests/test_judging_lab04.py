@@ -98,3 +98,18 @@ def test_lab04_answers_may_import_what_the_lab_hands_out() -> None:
         assert audit(given, (*exercise.forbid, "ddtk.course"), exercise.allow) == [], (
             exercise.number
         )
+
+
+def test_lab04_step_cases_always_hold_the_edges_each_mutant_needs() -> None:
+    """Exercise 2's seeded steps, under any seed: a fetch crossing the window's edge (an
+    answer that does not clip it counts time outside the step) and an optimizer span
+    inside a compute span (an answer that keeps it in compute counts it twice)."""
+    import random
+
+    from ddtk.course.judges.lab04 import step_cases
+    from ddtk.profiling.intervals import clip, intersect, length
+
+    for seed in range(200):
+        cases = step_cases(random.Random(seed))
+        assert any(length(c["data"]) > length(clip(c["data"], c["lo"], c["hi"])) for c in cases)
+        assert any(length(intersect(c["optimizer"], c["compute"])) > 0 for c in cases), seed

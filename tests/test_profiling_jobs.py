@@ -3,7 +3,8 @@
 Each job runs once per module (``ddtk.launch``, PyTorch DDP over gloo, the real
 ``torch.profiler``) and its traces are analysed. The answers are known because they
 were planted: a sleep of ``data_ms`` in the collate function, a rank that computes
-``straggler_ms`` longer (by the wall clock, so load on the machine cannot shrink it),
+``straggler_ms`` longer (by the wall clock; the others' busy time stretches when ranks
+share cores, so the measured gap is a fraction of it),
 DDP buckets whose number and sizes DDP itself reports, and ``micro_batches``
 all-reduced or not. Timings on a loaded 2-core machine are noisy, so the bounds on
 times are one-sided where the plant gives a floor; counts and bytes are exact.
@@ -30,7 +31,9 @@ def runs(tmp_path_factory):
     plan = {
         ("input-bound", 1): job_config("input-bound"),
         ("slow", 2): job_config("slow"),
-        ("slow", 3): job_config("slow"),
+        # three ranks on two cores: a longer plant, so the others' stretched backward
+        # (they share the straggler's cores) cannot hide it
+        ("slow", 3): job_config("slow").replace(straggler_ms=160.0),
         ("comm-bound", 2): job_config("comm-bound"),
     }
     out = {}
@@ -69,7 +72,12 @@ def test_slow_job_every_planted_problem_is_found(runs, world):
     assert kinds["straggler"].ranks == (world - 1,)
     assert a.findings[[f.kind for f in a.findings].index("straggler")] is kinds["straggler"]
     excess = kinds["straggler"].evidence["busy_ms"] - kinds["straggler"].evidence["others_ms"]
-    assert excess >= 0.6 * cfg.straggler_ms
+    # The plant is wall-clock compute, but while the straggler burns its core the others
+    # run their backward on what is left: with more ranks (or other jobs) than cores their
+    # busy time stretches too, and the gap shrinks (47 ms of 80 at 3 ranks on a loaded
+    # 2-core machine; on a machine loaded harder still the straggler went unseen, hence
+    # the 160 ms plant at 3 ranks).
+    assert excess >= 0.5 * cfg.straggler_ms
     # every micro-batch all-reduced, each in DDP's buckets: exact counts and bytes
     for r in a.breakdown.rows:
         assert (r.forwards, r.synced_forwards) == (cfg.micro_batches, cfg.micro_batches)

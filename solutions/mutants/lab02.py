@@ -10,7 +10,7 @@ and only the judge's seeded inputs catch them.
 """
 
 PLACEMENT, SETUP, LR, DISTRIBUTE = "1b5bee1f", "7576f2dd", "17015b3d", "b780aa0b"
-END_EPOCH, SPANS, BOTTLENECK, SCALING = "274d414e", "6b540593", "84157591", "3860097d"
+END_EPOCH, SPANS, DIAGNOSIS, SCALING = "274d414e", "6b540593", "84157591", "3860097d"
 
 MUTANTS = {
     1: {
@@ -139,21 +139,44 @@ MUTANTS = {
         ),
     },
     7: {
-        "the phase with the most spans": (
-            BOTTLENECK,
-            [('table["busy_ms_per_step"].idxmax()', 'table["spans"].idxmax()')],
-        ),
-        "the phase the notebook's run named, hard-coded": (
-            BOTTLENECK,
-            [('phase = table["busy_ms_per_step"].idxmax()', 'phase = "NEGOTIATE_ALLREDUCE"')],
-        ),
-        "milliseconds of the whole run, not per step": (
-            BOTTLENECK,
+        "overlapping spans summed, not counted once": (
+            DIAGNOSIS,
             [
                 (
-                    'float(table.loc[phase, "busy_ms_per_step"])',
-                    'float(table.loc[phase, "busy_ms"])',
-                ),
+                    'return busy_ms(grads[grads["phase"].isin(phases)]) / steps',
+                    'return float(grads[grads["phase"].isin(phases)]["dur_ms"].sum()) / steps',
+                )
+            ],
+        ),
+        "the metric averages counted as gradients": (
+            DIAGNOSIS,
+            [
+                (
+                    'spans[spans["tensor"].str.startswith("allreduce.") & ~spans["tensor"].str.contains("noname")]',
+                    'spans[spans["tensor"].str.startswith("allreduce.")]',
+                )
+            ],
+        ),
+        "every tensor's reduce span counted as a call": (
+            DIAGNOSIS,
+            [('calls = reduces["start_ms"].round(3).nunique()', "calls = len(reduces)")],
+        ),
+        "the threshold fixed at 256 KiB": (
+            DIAGNOSIS,
+            [
+                (
+                    'evidence["bytes_per_call"] < latency_bytes',
+                    'evidence["bytes_per_call"] < 256 * 1024',
+                )
+            ],
+        ),
+        "every row's bytes, broadcasts included": (
+            DIAGNOSIS,
+            [
+                (
+                    'payload = grads.loc[(grads["phase"] == "ALLREDUCE") & (grads["depth"] == 0), "bytes"].sum()',
+                    'payload = spans.loc[spans["phase"] == "ALLREDUCE", "bytes"].sum()',
+                )
             ],
         ),
     },

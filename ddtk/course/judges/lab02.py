@@ -36,8 +36,12 @@ worker's confinement) where what a single process cannot show is at stake:
    nested two deep, an instant event before the first span, spans still open at the
    end, an unterminated file read with the lab's ``load_trace``); the judge parses them
    itself.
-7. **name the bottleneck**: seeded phase tables (rows shuffled, the largest phase
-   varies, and is not always ``NEGOTIATE_ALLREDUCE``).
+7. **diagnose the all-reduce**: seeded span tables, one per verdict (rank skew, latency,
+   bandwidth, copy) in shuffled rows, each with a trap: a metric all-reduce that would
+   win if counted, tensors whose overlapping negotiations would win if summed, calls
+   whose bytes per tensor sit below the threshold and bytes per call above it, a
+   broadcast row with more bytes than any call; the threshold is seeded, and where
+   bandwidth is the answer a call stays under the default 256 KiB.
 8. **what limits scaling**: seeded throughput drawn from a known serial fraction s and
    overhead growth g (X(n) = X(1) n / (1 + s (n - 1) + g (n - 1)^2), so e(n) = s + g (n - 1)
    exactly), inserted in any order: a constant e, a growing one, a host with fewer cores
@@ -747,63 +751,168 @@ def check_spans(ctx: Context) -> None:
 
 # ------------------------------------------------------------------ exercise 7
 
-AR_PHASES = ["NEGOTIATE_ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "GLOO_ALLREDUCE",
-             "NCCL_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"]  # fmt: skip
+_NEGOTIATE = ("NEGOTIATE_ALLREDUCE",)
+_REDUCE = ("GLOO_ALLREDUCE", "NCCL_ALLREDUCE")
+_COPY = ("MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER")
+_EVIDENCE = ("negotiate_ms", "reduce_ms", "copy_ms", "calls_per_step", "bytes_per_call")
+_VERDICTS = ("rank-skew", "latency", "bandwidth", "copy")
 
 
-def phase_tables(rng: random.Random) -> list[dict]:
-    """Seeded tables shaped like the lab's ``phase_table``: rows shuffled, the top phase varies."""
-    tables = []
-    tops = [
-        "GLOO_ALLREDUCE",
-        "MEMCPY_IN_FUSION_BUFFER",
-        rng.choice(AR_PHASES),
-        "NEGOTIATE_ALLREDUCE",
+def _union_ms(spans: list[tuple[float, float]]) -> float:
+    """Wall time covered by at least one of the (start, end) spans."""
+    total, end = 0.0, -math.inf
+    for a, b in sorted(spans):
+        if b > end:
+            total, end = total + b - max(a, end), b
+    return total
+
+
+def expected_diagnosis(rows: list[dict], steps: int, latency_bytes: int) -> dict:
+    """The exercise's rules, applied by the judge to the spans ``rows``."""
+    grads = [
+        r for r in rows if r["tensor"].startswith("allreduce.") and "noname" not in r["tensor"]
     ]
-    for top in tops:
-        phases = [p for p in AR_PHASES if p != "NCCL_ALLREDUCE" or top == p or rng.random() < 0.3]
-        steps, window = rng.randint(30, 200), rng.uniform(2_000.0, 9_000.0)
-        per_step = {p: rng.uniform(0.02, 2.0) for p in phases}
-        per_step[top] = max(per_step.values()) * rng.uniform(1.1, 1.6)
-        spans = {p: rng.randint(steps, 40 * steps) for p in phases}
-        spans[min(phases, key=lambda p: per_step[p])] = 60 * steps  # most spans, least time
-        rng.shuffle(phases)
-        if not tables:  # the first row is not the answer, whatever the seed
-            phases = [p for p in phases if p != top] + [top]
-        rows = [{"phase": p, "spans": spans[p], "busy_ms": per_step[p] * steps,
-                 "busy_ms_per_step": per_step[p], "share_of_window": per_step[p] * steps / window}
-                for p in phases]  # fmt: skip
-        tables.append({"rows": rows})
-    return tables
+
+    def per_step(phases: tuple[str, ...]) -> float:
+        return _union_ms([(r["start_ms"], r["start_ms"] + r["dur_ms"])
+                          for r in grads if r["phase"] in phases]) / steps  # fmt: skip
+
+    calls = len({round(r["start_ms"], 3) for r in grads if r["phase"] in _REDUCE})
+    payload = sum(r["bytes"] for r in grads if r["phase"] == "ALLREDUCE" and r["depth"] == 0)
+    got = {"negotiate_ms": per_step(_NEGOTIATE), "reduce_ms": per_step(_REDUCE),
+           "copy_ms": per_step(_COPY), "calls_per_step": calls / steps,
+           "bytes_per_call": payload / calls if calls else 0.0}  # fmt: skip
+    top = max(("negotiate_ms", "reduce_ms", "copy_ms"), key=lambda k: got[k])
+    if top == "reduce_ms":
+        bound = "latency" if got["bytes_per_call"] < latency_bytes else "bandwidth"
+    else:
+        bound = "rank-skew" if top == "negotiate_ms" else "copy"
+    return {"bound": bound, **got}
 
 
-def probe_bottleneck(ns: dict[str, Any], tables: list[dict]) -> list[Any]:
-    """``name_bottleneck`` of each table (rebuilt here as the lab's DataFrame)."""
+def _call_spans(name: str, start: float, plan: dict, fused: bool) -> list[dict]:
+    """One tensor's spans in one all-reduce call: the copies only where tensors are fused."""
+    cin, red, cout = (
+        (plan["copy"] / 2, plan["reduce"], plan["copy"] / 2) if fused else (0, plan["reduce"], 0)
+    )
+    rows = [{"tensor": name, "phase": "ALLREDUCE", "start_ms": start, "dur_ms": cin + red + cout,
+             "depth": 0, "bytes": plan["bytes"][name]},
+            {"tensor": name, "phase": plan["reduce_phase"], "start_ms": start + cin, "dur_ms": red,
+             "depth": 1, "bytes": 0}]  # fmt: skip
+    if fused:
+        rows += [{"tensor": name, "phase": "MEMCPY_IN_FUSION_BUFFER", "start_ms": start,
+                  "dur_ms": cin, "depth": 1, "bytes": 0},
+                 {"tensor": name, "phase": "MEMCPY_OUT_FUSION_BUFFER", "start_ms": start + cin + red,
+                  "dur_ms": cout, "depth": 1, "bytes": 0}]  # fmt: skip
+    return rows
+
+
+def _step_spans(rng: random.Random, t: float, plan: dict) -> tuple[list[dict], float]:
+    """One step's spans from ``plan``: its calls in order, each tensor negotiating first.
+
+    With ``plan["early"]`` every tensor starts negotiating when the step starts and waits
+    for its own call (gradients ready together, reduced one call after another), so the
+    negotiations overlap each other; otherwise a call's tensors negotiate just before it.
+    """
+    rows: list[dict] = []
+    step_start = t
+    for group in plan["groups"]:
+        start = t + plan["negotiate"]
+        for i, name in enumerate(group):
+            begin = (
+                step_start + 0.001 * i
+                if plan["early"]
+                else t + plan["negotiate"] * i / (2 * len(group))
+            )
+            rows.append({"tensor": name, "phase": "NEGOTIATE_ALLREDUCE", "start_ms": begin,
+                         "dur_ms": start - begin, "depth": 0, "bytes": 0})  # fmt: skip
+            rows += _call_spans(name, start, plan, fused=len(group) > 1)
+        t = start + plan["reduce"] + (plan["copy"] if len(group) > 1 else 0)
+        t += plan["gap"] * rng.uniform(0.5, 1.0)
+        if plan["early"]:
+            plan = {**plan, "negotiate": 0.0}  # the next call starts as soon as this one ends
+    return rows, t
+
+
+def diagnosis_cases(rng: random.Random) -> list[dict]:
+    """Seeded span tables, one per verdict, each with a trap for a plausible mistake:
+
+    - rank skew: a metric all-reduce (``allreduce.noname``) whose long reduce would win if
+      counted;
+    - latency: six unfused calls one after another, every tensor negotiating from the
+      step's start, so negotiations summed instead of unioned would win;
+    - bandwidth: the bytes per call are above the threshold and the bytes per tensor
+      below it (a call counted once per tensor says latency);
+    - copy: the copies win, and a ``broadcast.`` row with more bytes than any call sits
+      beside the gradients.
+
+    The threshold is seeded too, so a fixed 256 KiB fails.
+    """
+    names = [f"allreduce.{n}" for n in ("conv1.weight", "conv1.bias", "layer1.conv.weight",
+                                         "layer2.conv.weight", "fc.weight", "fc.bias")]  # fmt: skip
+    cases = []
+    for bound in rng.sample(_VERDICTS, len(_VERDICTS)):
+        # where bandwidth is the answer, a call stays under 256 KiB: a fixed default fails
+        kib = [32, 48, 64, 96] if bound == "bandwidth" else [64, 128, 256, 512]
+        latency_bytes = rng.choice(kib) * 1024
+        steps, tensors, unit = rng.randint(2, 4), rng.sample(names, 6), rng.uniform(0.5, 2.0)
+        plan = {"groups": [tensors[:3], tensors[3:]], "reduce_phase": rng.choice(_REDUCE),
+                "early": False, "gap": 0.2 * unit}  # fmt: skip
+        if bound == "rank-skew":
+            plan |= {"negotiate": 3 * unit, "reduce": unit, "copy": 0.3 * unit}
+        elif bound == "latency":  # six unfused calls, all negotiating from the step's start
+            plan |= {"groups": [[n] for n in tensors], "early": True, "gap": 0.01 * unit,
+                     "negotiate": 0.2 * unit, "reduce": unit, "copy": 0.0}  # fmt: skip
+        elif bound == "bandwidth":
+            plan |= {"negotiate": 0.4 * unit, "reduce": 3 * unit, "copy": 0.5 * unit}
+        else:
+            plan |= {"negotiate": 0.5 * unit, "reduce": unit, "copy": 2.5 * unit}
+        # Bytes per tensor below the threshold; a fused call's sum above it. Where latency
+        # is the answer, a call is one tensor, below it.
+        share = rng.uniform(0.4, 0.8) if bound != "latency" else rng.uniform(0.05, 0.8)
+        plan["bytes"] = {n: int(latency_bytes * share * rng.uniform(0.9, 1.1)) for n in tensors}
+        rows, t = [], rng.uniform(0.0, 50.0)
+        for _ in range(steps):
+            more, t = _step_spans(rng, t, plan)
+            rows += more
+        if bound == "rank-skew":  # a metric average: not a gradient
+            rows += [{"tensor": "allreduce.noname.3", "phase": plan["reduce_phase"], "start_ms": t,
+                      "dur_ms": 20 * unit * steps, "depth": 1, "bytes": 0}]  # fmt: skip
+        if bound == "copy":
+            rows += [{"tensor": "broadcast.fc.weight", "phase": "ALLREDUCE", "start_ms": t,
+                      "dur_ms": 0.1, "depth": 0, "bytes": 50 * latency_bytes}]  # fmt: skip
+        rng.shuffle(rows)
+        cases.append({"rows": rows, "steps": steps, "latency_bytes": latency_bytes,
+                      "bound": bound})  # fmt: skip
+    return cases
+
+
+def probe_diagnosis(ns: dict[str, Any], cases: list[dict]) -> list[Any]:
+    """``diagnose_allreduce`` on each case's spans (rebuilt as the lab's DataFrame)."""
     pd = ns["pd"]
     out = []
-    for table in tables:
-        frame = pd.DataFrame(table["rows"]).set_index("phase")
-        got = ns["name_bottleneck"](frame)
+    for case in cases:
+        frame = pd.DataFrame(case["rows"], columns=list(_COLUMNS))
+        got = ns["diagnose_allreduce"](frame, case["steps"], latency_bytes=case["latency_bytes"])
         out.append({str(k): (v if isinstance(v, str) else float(v)) for k, v in dict(got).items()})
     return out
 
 
-def check_bottleneck(ctx: Context) -> None:
-    tables = phase_tables(random.Random(ctx.seed))
-    got = ctx.worker().probe(f"{_P}:probe_bottleneck", tables=tables)
-    for table, answer in zip(tables, got):
-        top = max(table["rows"], key=lambda r: r["busy_ms_per_step"])
-        want = {"phase": top["phase"], "ms_per_step": top["busy_ms_per_step"],
-                "share": top["share_of_window"]}  # fmt: skip
-        shown = {r["phase"]: round(r["busy_ms_per_step"], 3) for r in table["rows"]}
-        expect(answer.get("phase") == want["phase"],
-               f"the phase with the most busy wall time per step in a seeded phase table {shown}",
-               expected=want["phase"], got=answer.get("phase"))  # fmt: skip
-        for key in ("ms_per_step", "share"):
+def check_diagnosis(ctx: Context) -> None:
+    cases = diagnosis_cases(random.Random(ctx.seed))
+    got = ctx.worker().probe(f"{_P}:probe_diagnosis", cases=cases)
+    for case, answer in zip(cases, got):
+        want = expected_diagnosis(case["rows"], case["steps"], case["latency_bytes"])
+        call = (f"diagnose_allreduce(<seeded spans, {case['steps']} steps>, {case['steps']}, "
+                f"latency_bytes={case['latency_bytes']})")  # fmt: skip
+        for key in _EVIDENCE:
             value = answer.get(key)
-            expect(isinstance(value, float) and math.isclose(value, want[key], rel_tol=1e-9),
-                   f"{key} of {want['phase']} (share: a fraction of the window, not a percentage)",
+            expect(isinstance(value, float) and math.isclose(value, want[key], rel_tol=1e-6, abs_tol=1e-9),
+                   f"{key} of {call} (gradient tensors only; overlapping spans count once; "
+                   "tensors fused into one call count as one call)",
                    expected=round(want[key], 6), got=value)  # fmt: skip
+        expect(answer.get("bound") == want["bound"], f"the verdict of {call}",
+               expected=want["bound"], got=answer.get("bound"))  # fmt: skip
 
 
 # ------------------------------------------------------------------ exercise 8
@@ -916,7 +1025,7 @@ def check_model(ctx: Context) -> None:
 
 JUDGE = LabJudge(
     lab="lab02-horovod",
-    setup=(("c5eb92c0", "all"), ("2628c985", "imports")),
+    setup=(("c5eb92c0", "all"), ("2628c985", "imports"), ("l02-busy-ms", "all")),
     exercises={
         1: Exercise(1, "predict where ranks land", ("1b5bee1f",), check_placement,
                     _HOROVOD_RECIPES, _GIVEN),
@@ -930,7 +1039,7 @@ JUDGE = LabJudge(
                     _HOROVOD_RECIPES, _GIVEN),
         6: Exercise(6, "read a Horovod timeline", ("6b540593",), check_spans,
                     _TIMELINE_READERS, _GIVEN),
-        7: Exercise(7, "name the bottleneck", ("84157591",), check_bottleneck,
+        7: Exercise(7, "diagnose the all-reduce", ("84157591",), check_diagnosis,
                     _TIMELINE_READERS, _GIVEN),
         8: Exercise(8, "what limits scaling", ("3860097d",), check_model, _SCALING, _GIVEN),
     },

@@ -180,6 +180,11 @@ def step_cases(rng: random.Random) -> list[dict]:
                 "comm": _spans(rng, lo, hi, comm)}  # fmt: skip
         if i == 1:  # everything in flight hidden behind compute
             case["comm"] = [(s + 0.25 * (e - s), e - 0.25 * (e - s)) for s, e in case["compute"]]
+        if i == 2:  # whatever the seed: a fetch that began before the step, and an
+            w = hi - lo  # optimizer step inside a compute span (each part counted once)
+            case["data"] = [(round(lo - 0.1 * w, 1), round(lo + 0.1 * w, 1))]
+            case["optimizer"] = [(round(lo + 0.5 * w, 1), round(lo + 0.6 * w, 1))]
+            case["compute"] = [(round(lo + 0.3 * w, 1), round(lo + 0.8 * w, 1))]
         cases.append(case)
     return cases
 

@@ -18,6 +18,7 @@ the isolation, which only a grader needs).
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import os
 import pickle
@@ -210,6 +211,9 @@ class LocalWorker:
         from ddtk.course.judging.worker import _failure
 
         module, _, name = function.partition(":")
+        # A worker receives its arguments pickled: a copy here too, so an answer that edits
+        # its input in place is seen changing it, in the notebook's check as by the grader.
+        kwargs = copy.deepcopy(kwargs)
         before = dict(
             self.namespace
         )  # a probe sets globals (seed, ...): the notebook keeps its own
