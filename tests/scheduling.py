@@ -22,12 +22,6 @@ Each test belongs to a **group** that one worker runs whole, in collection order
 - any other test file is a group, so a module's fixtures are built once and a notebook
   under nbval keeps its cells in one kernel, in order.
 
-Groups are handed out **costliest first** (:func:`group_cost`: the Ray group, then the
-groups in ``GROUP_SECONDS`` by their measured seconds, then the rest at a second a test),
-so that what is left at the end is short and both workers finish together. xdist's own
-order, most tests first, left lab 02's graded class (a few tests that take minutes) to
-the end, run by one worker while the other waited.
-
 ``make test`` runs two workers (``TEST_JOBS=2``); ``TEST_JOBS=0`` runs every test in
 one process, in collection order.
 
@@ -54,19 +48,6 @@ EXCLUSIVE_FILES = frozenset({
 })  # fmt: skip
 EXCLUSIVE_PREFIX = "exclusive:"
 
-# Seconds each of the costly groups took in a run of the whole suite with two workers
-# (build/test-times.json, 2026-11-27; that run was loaded, so they are about twice a quiet
-# run's): only their order matters. A group not named here costs one second per test.
-GROUP_SECONDS = {
-    "lab02": 800, "tests/test_judging_lab02.py": 340, "course/03-horovod-and-ddp.ipynb": 350,
-    "tests/test_judging.py": 330, "course/07-performance-optimization.ipynb": 250,
-    "tests/test_examples.py": 240, "tests/test_judging_lab01.py": 220,
-    "tests/test_collectives.py": 220, "lab04": 210, "tests/test_frameworks.py": 170,
-    "tests/test_judging_lab04.py": 160, "tests/test_profiling_jobs.py": 130,
-    "tests/test_judging_lectures.py": 110, "tests/test_project_hostile.py": 105,
-    "tests/test_faults.py": 100,
-}  # fmt: skip
-
 
 def group_of(nodeid: str) -> str:
     """The group of the test ``nodeid`` (see the module docstring)."""
@@ -84,14 +65,6 @@ def group_of(nodeid: str) -> str:
     return path
 
 
-def group_cost(group: str, tests: int) -> float:
-    """The seconds ``group`` is expected to take: longest first is how the workers end
-    together (the Ray group, with the most tests, is the longest of all)."""
-    if group == RAY_GROUP:
-        return float("inf")
-    return GROUP_SECONDS.get(group, float(tests))
-
-
 def scheduler(config: Any, log: Any) -> Any:
     """xdist's scope scheduler with :func:`group_of` as the scope, exclusive groups last."""
     from xdist.scheduler import LoadScopeScheduling
@@ -104,13 +77,10 @@ def scheduler(config: Any, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
 
-        def _cost(self, scope: str) -> float:
-            return group_cost(scope, len(self.workqueue[scope]))
-
         def _assign_work_unit(self, node: Any) -> None:
             shared = [s for s in self.workqueue if not s.startswith(EXCLUSIVE_PREFIX)]
-            if shared:  # the costliest group first, so that the last ones are short
-                self.workqueue.move_to_end(max(shared, key=self._cost), last=False)
+            if shared:
+                self.workqueue.move_to_end(shared[0], last=False)
                 super()._assign_work_unit(node)
                 return
             if self.runner is None:
@@ -137,5 +107,4 @@ def scheduler(config: Any, log: Any) -> Any:
     return GroupScheduling(config, log)
 
 
-__all__ = ["EXCLUSIVE_FILES", "GROUP_SECONDS", "LAB_GROUPS", "RAY_FILES", "RAY_GROUP", "group_cost", "group_of",
-           "scheduler"]
+__all__ = ["EXCLUSIVE_FILES", "LAB_GROUPS", "RAY_FILES", "RAY_GROUP", "group_of", "scheduler"]
