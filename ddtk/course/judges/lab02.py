@@ -758,15 +758,6 @@ _EVIDENCE = ("negotiate_ms", "reduce_ms", "copy_ms", "calls_per_step", "bytes_pe
 _VERDICTS = ("rank-skew", "latency", "bandwidth", "copy")
 
 
-def _union_ms(spans: list[tuple[float, float]]) -> float:
-    """Wall time covered by at least one of the (start, end) spans."""
-    total, end = 0.0, -math.inf
-    for a, b in sorted(spans):
-        if b > end:
-            total, end = total + b - max(a, end), b
-    return total
-
-
 def expected_diagnosis(rows: list[dict], steps: int, latency_bytes: int) -> dict:
     """The exercise's rules, applied by the judge to the spans ``rows``."""
     grads = [
@@ -774,8 +765,10 @@ def expected_diagnosis(rows: list[dict], steps: int, latency_bytes: int) -> dict
     ]
 
     def per_step(phases: tuple[str, ...]) -> float:
-        return _union_ms([(r["start_ms"], r["start_ms"] + r["dur_ms"])
-                          for r in grads if r["phase"] in phases]) / steps  # fmt: skip
+        from ddtk.profiling.intervals import length, union
+
+        return length(union((r["start_ms"], r["start_ms"] + r["dur_ms"])
+                            for r in grads if r["phase"] in phases)) / steps  # fmt: skip
 
     calls = len({round(r["start_ms"], 3) for r in grads if r["phase"] in _REDUCE})
     payload = sum(r["bytes"] for r in grads if r["phase"] == "ALLREDUCE" and r["depth"] == 0)
