@@ -83,3 +83,59 @@ def test_installed_ray_titles_its_processes_as_ddtk_expects() -> None:
     assert constants.WORKER_PROCESS_TYPE_IDLE_WORKER.startswith("ray::")
     assert constants.AGENT_PROCESS_TYPE_DASHBOARD_AGENT in ROLES
     assert constants.AGENT_PROCESS_TYPE_RUNTIME_ENV_AGENT in ROLES
+
+
+def test_ray_still_says_timed_out_during_startup() -> None:
+    """start_with_retry retries on this phrase of Ray's node start-up; pin it in the installed Ray."""
+    node = pytest.importorskip("ray._private.node")
+    from ddtk.frameworks.ray_procs import STARTUP_TIMEOUT
+
+    assert STARTUP_TIMEOUT in inspect.getsource(node)
+
+
+def _spawn_then(message: str, calls: list, fail_times: int):
+    """A start function that leaves a child process behind and fails ``fail_times`` times."""
+    import subprocess
+    import sys
+
+    def start():
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        calls.append(proc)
+        if len(calls) <= fail_times:
+            raise Exception(message)  # Ray raises a bare Exception
+        return proc
+
+    return start
+
+
+def test_start_with_retry_kills_what_a_timed_out_attempt_started_and_retries() -> None:
+    from ddtk.frameworks.ray_procs import start_with_retry
+
+    calls: list = []
+    said: list[str] = []
+    proc = start_with_retry(
+        _spawn_then("The current node timed out during startup.", calls, 1), say=said.append
+    )
+    try:
+        assert len(calls) == 2 and proc is calls[1]
+        assert calls[0].poll() is not None  # the failed attempt's process was killed and reaped
+        assert proc.poll() is None  # the successful one is left alone
+        assert len(said) == 1 and "retrying" in said[0] and "1 processes" in said[0]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_start_with_retry_raises_other_errors_and_the_last_timeout_without_leaving_processes() -> None:
+    from ddtk.frameworks.ray_procs import start_with_retry
+
+    calls: list = []
+    with pytest.raises(Exception, match="port in use"):
+        start_with_retry(_spawn_then("port in use", calls, 5), say=lambda _: None)
+    assert len(calls) == 1 and calls[0].poll() is not None
+    calls.clear()
+    with pytest.raises(Exception, match="timed out during startup"):
+        start_with_retry(_spawn_then("timed out during startup", calls, 5), 3, say=lambda _: None)
+    assert len(calls) == 3 and all(c.poll() is not None for c in calls)
+    with pytest.raises(ValueError, match="attempts must be at least 1"):
+        start_with_retry(lambda: None, 0)

@@ -44,18 +44,18 @@ def _children() -> set[int]:
     return pids
 
 
-def _start(ray, attempts: int = 2) -> None:
+def _start(ray) -> None:
     """ray.init; on this loaded machine the raylet may miss Ray's fixed 30 s registration wait."""
-    for attempt in range(1, attempts + 1):
+    from ddtk.frameworks.ray_procs import start_with_retry
+
+    def init() -> None:
         try:
-            ray.init(
-                address="local", num_cpus=WORKERS, include_dashboard=False, log_to_driver=False
-            )
-            return
-        except Exception as exc:  # Ray raises a bare Exception for a node startup timeout
+            ray.init(address="local", num_cpus=WORKERS, include_dashboard=False, log_to_driver=False)
+        except Exception:
             ray.shutdown()
-            if attempt == attempts or "timed out during startup" not in str(exc):
-                raise
+            raise
+
+    start_with_retry(init)
 
 
 @pytest.fixture(scope="module")

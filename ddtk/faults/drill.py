@@ -47,6 +47,9 @@ from ddtk.launch import child_python_env
 __all__ = ["Attempt", "DrillError", "DrillReport", "kill_delays", "run_drill"]
 
 TrainFn = Callable[[str, int], Mapping[str, torch.Tensor]]
+# Starting Python, importing torch and unpickling ``train`` take seconds on a loaded machine;
+# that start-up gets at least this long, whatever ``timeout`` (which bounds ``train`` itself) is.
+START_TIMEOUT_S = 120.0
 
 _CHILD = """
 import os, sys, cloudpickle, torch
@@ -148,12 +151,13 @@ class _Child:
 
     def wait_ready(self, deadline: float) -> float:
         """Block until ``train`` was called; return that moment (monotonic)."""
+        limit = deadline - time.monotonic()
         while not self.ready.exists():
             if self.proc.poll() is not None:
                 raise DrillError(f"the training process exited before training:\n{self.tail()}")
             if time.monotonic() > deadline:
                 self.kill()
-                raise DrillError("the training process did not start within the timeout")
+                raise DrillError(f"the training process did not start within {limit:.0f} s")
             time.sleep(0.01)
         return time.monotonic()
 
@@ -187,8 +191,8 @@ def _run_once(
     """Start ``train``; kill it ``kill_after`` s after it starts (None: let it finish)."""
     child = _Child(job, tag)
     try:
-        deadline = time.monotonic() + timeout
-        start = child.wait_ready(deadline)
+        start = child.wait_ready(time.monotonic() + max(timeout, START_TIMEOUT_S))
+        deadline = start + timeout
         if kill_after is not None:
             try:
                 child.proc.wait(timeout=kill_after)
@@ -219,7 +223,9 @@ def run_drill(
 
     ``run_dir`` is where the drilled run checkpoints (created; it must be empty);
     the reference runs in a fresh temporary directory, removed afterwards.
-    ``timeout`` bounds every start. ``on_attempt`` is called after each start of
+    ``timeout`` bounds each start's training, counted from the moment ``train`` is
+    called (the process's start-up before it gets ``START_TIMEOUT_S`` or ``timeout``,
+    whichever is longer). ``on_attempt`` is called after each start of
     the drilled run (progress in a notebook). Raises DrillError when a run fails
     or times out on its own, with the tail of its output.
     """

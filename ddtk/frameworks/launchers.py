@@ -190,7 +190,7 @@ def run_command(
             _kill_group(proc)
         else:
             _kill_group(proc, grace=1.0)  # ranks a launcher left behind
-        reader.join(5)
+        reader.join(30)  # EOF comes once every holder of the pipe is gone; a loaded machine is slow to say so
     done = Completed(cmd, proc.returncode, lines, time.perf_counter() - start)
     if check and (timed_out or proc.returncode != 0):
         what = (

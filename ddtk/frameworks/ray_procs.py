@@ -11,7 +11,14 @@ fails a test instead of printing an empty table.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from typing import TypeVar
+
 import psutil
+
+T = TypeVar("T")
+STARTUP_TIMEOUT = "timed out during startup"  # Ray's message when a node misses its 30 s wait
 
 # A substring of the command line -> what the process is to Ray. Order matters: the first
 # match wins, and worker processes retitle themselves "ray::<task or actor>" once started.
@@ -78,3 +85,35 @@ def raylet_children(root: psutil.Process) -> dict[str, tuple[int, list[str]]]:
             kids = []
         out[node_id] = (raylet.pid, kids)
     return out
+
+
+def start_with_retry(
+    start: Callable[[], T],
+    attempts: int = 2,
+    say: Callable[[str], object] = print,
+) -> T:
+    """``start()`` (a local Ray cluster or session), retried when a node misses Ray's startup wait.
+
+    Ray waits a fixed 30 s for each raylet to register, which a loaded laptop can miss.
+    A failed attempt leaves behind what it had started (a GCS server, a raylet), and a
+    retry would start a second set beside it. So after any failure this kills the
+    processes under this one that the attempt started, then retries when the failure
+    was that timeout and attempts are left, and raises otherwise.
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    me = psutil.Process()
+    for attempt in range(1, attempts + 1):
+        before = {p.pid for p in me.children(recursive=True)}
+        try:
+            return start()
+        except Exception as exc:  # Ray raises a bare Exception for the startup timeout
+            new = [p for p in me.children(recursive=True) if p.pid not in before]
+            for proc in new:
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+            psutil.wait_procs(new, timeout=10)
+            if attempt == attempts or STARTUP_TIMEOUT not in str(exc):
+                raise
+            say(f"attempt {attempt}: {exc} Killed the {len(new)} processes it started; retrying.")
+    raise AssertionError("unreachable")
