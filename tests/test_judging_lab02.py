@@ -44,6 +44,8 @@ def test_lab02_mutant_matrix_stub_fails_solution_passes_every_mutant_fails() -> 
         assert len(named) >= 3, number
     # each failure says what is wrong, not only that something is
     assert "chosen by local_rank, not rank" in words["the GPU is chosen by rank, not local_rank"]
+    assert "local_size() is 1" in words["the ranks under this host name share the machine (local_size)"]
+    assert "a machine of its own" in words["every rank of the job shares the machine (size)"]
     assert "rank 0's parameters and buffers" in words["parameters broadcast without the buffers"]
     assert "summed instead of averaged" in words["gradients summed, not averaged"]
     assert "compression argument is not used" in words["the compression argument is ignored"]

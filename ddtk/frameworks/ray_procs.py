@@ -89,12 +89,13 @@ def raylet_children(root: psutil.Process) -> dict[str, tuple[int, list[str]]]:
 
 def start_with_retry(
     start: Callable[[], T],
-    attempts: int = 2,
+    attempts: int = 3,
     say: Callable[[str], object] = print,
 ) -> T:
     """``start()`` (a local Ray cluster or session), retried when a node misses Ray's startup wait.
 
-    Ray waits a fixed 30 s for each raylet to register, which a loaded laptop can miss.
+    Ray waits a fixed 30 s for each raylet to register, which a loaded laptop can miss
+    (on a 2-core machine running other jobs, two attempts in a row have).
     A failed attempt leaves behind what it had started (a GCS server, a raylet), and a
     retry would start a second set beside it. So after any failure this kills the
     processes under this one that the attempt started, then retries when the failure

@@ -45,7 +45,37 @@ MUTANTS = {
     },
     2: {
         "Horovod is never initialised": (SETUP, [("    hvd.init()\n", "")]),
-        "the threads argument is ignored": (SETUP, [("    torch.set_num_threads(threads)\n", "")]),
+        "every rank takes every core": (
+            SETUP,
+            [
+                (
+                    "    torch.set_num_threads(max(1, cores // sharing))\n",
+                    "    torch.set_num_threads(cores)\n",
+                )
+            ],
+        ),
+        "the ranks under this host name share the machine (local_size)": (
+            SETUP,
+            [
+                (
+                    "    sharing = hvd.allgather_object(here).count(here)\n",
+                    "    sharing = hvd.local_size()\n",
+                )
+            ],
+        ),
+        "every rank of the job shares the machine (size)": (
+            SETUP,
+            [
+                (
+                    "    sharing = hvd.allgather_object(here).count(here)\n",
+                    "    sharing = hvd.size()\n",
+                )
+            ],
+        ),
+        "the share rounded up": (
+            SETUP,
+            [("max(1, cores // sharing)", "-(-cores // sharing)")],
+        ),
         "the GPU is chosen by rank, not local_rank": (
             SETUP,
             [("hvd.local_rank()", "hvd.rank()")],

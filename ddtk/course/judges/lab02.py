@@ -11,12 +11,15 @@ worker's confinement) where what a single process cannot show is at stake:
 1. **where ranks land**: seeded host lists of uneven sizes, ``np`` below the slot count
    and above it (``ValueError``); the judge asks Horovod's own
    ``get_host_assignments`` for the truth.
-2. **join the job and pin the device**: in the worker, Horovod must be initialised by
-   the answer and torch's threads set to a seeded count; then on two ranks laid out as
-   two hosts (rank 1 is ``local_rank`` 0 on the second host) each rank must join a job
-   of size 2 and, on the GPU path (``torch.cuda.set_device`` replaced by a recorder),
-   pin and return GPU ``local_rank``, which only an answer using ``local_rank`` (not
-   ``rank``) does.
+2. **join the job, pin the device, share the cores**: in the worker (a job of one),
+   Horovod must be initialised by the answer and torch's threads set to the seeded
+   (odd) core count; then on two ranks laid out as two hosts of one machine (rank 1 is
+   ``local_rank`` 0 on the second host) each rank must join a job of size 2 and take
+   half the cores, rounded down (``local_size()`` says 1 there); told through the
+   machine-name calls (``socket.gethostname``, ``platform.node``, ``os.uname``) that
+   they are on machines of their own, every core (``size()`` says 2); and on the GPU
+   path (``torch.cuda.set_device`` replaced by a recorder) pin and return GPU
+   ``local_rank``, which only an answer using ``local_rank`` (not ``rank``) does.
 3. **scaled learning rate**: seeded base rates, world sizes, fractional warm-up lengths
    and steps on both sides of the warm-up's end.
 4. **broadcast and DistributedOptimizer**: two ranks build a small model (with batch
@@ -56,11 +59,12 @@ hand-in report, which the instructor reads.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -230,23 +234,47 @@ def check_placement(ctx: Context) -> None:
 # ------------------------------------------------------------------ exercise 2
 
 
-def _rank_setup(horovod_setup: Callable[..., Any], threads: int) -> dict[str, Any]:
-    """On each rank: the CPU path (has it joined a job of two?), then the GPU path."""
+@contextlib.contextmanager
+def _machine_named(name: str) -> Iterator[None]:
+    """This process reports ``name`` as its machine's name to every call that asks for it."""
+    import platform
+    import socket
+
+    saved = socket.gethostname, platform.node, os.uname
+    real = os.uname()
+    socket.gethostname = lambda: name
+    platform.node = lambda: name
+    os.uname = lambda: os.uname_result(
+        (real.sysname, name, real.release, real.version, real.machine)
+    )
+    try:
+        yield
+    finally:
+        socket.gethostname, platform.node, os.uname = saved
+
+
+def _rank_setup(horovod_setup: Callable[..., Any], cores: int) -> dict[str, Any]:
+    """On each rank: the CPU path on the real machine, again on a machine of its own (its
+    name changed), then the GPU path."""
     import horovod.torch as hvd
     import torch
 
     rank = int(os.environ.get("HOROVOD_RANK", "-1"))
     try:
         torch.set_num_threads(1)  # not the count asked for: the answer must set it
-        device = horovod_setup(False, threads)
+        device = horovod_setup(False, cores)
         cpu = {"size": hvd.size(), "rank": hvd.rank(), "local_rank": hvd.local_rank(),
                "threads": torch.get_num_threads(), "device": str(device)}  # fmt: skip
-        return {"rank": rank, "cpu": cpu, "gpu": _gpu_setup(horovod_setup)}
+        torch.set_num_threads(1)
+        with _machine_named(f"ddtk-judge-node-{rank}"):
+            horovod_setup(False, cores)
+        apart = torch.get_num_threads()
+        return {"rank": rank, "cpu": cpu, "apart": apart, "gpu": _gpu_setup(horovod_setup)}
     except Exception as exc:
         return {"rank": rank, "error": _error_text(exc)}
 
 
-def probe_setup_here(ns: dict[str, Any], threads: int) -> dict[str, Any]:
+def probe_setup_here(ns: dict[str, Any], cores: int) -> dict[str, Any]:
     """``horovod_setup`` in this process, starting from a Horovod that is not initialised."""
     hvd, torch = ns["hvd"], ns["torch"]
     before = torch.get_num_threads()
@@ -254,7 +282,7 @@ def probe_setup_here(ns: dict[str, Any], threads: int) -> dict[str, Any]:
         hvd.shutdown()
     torch.set_num_threads(1)  # not the count asked for: the answer must set it
     try:
-        device = ns["horovod_setup"](False, threads)
+        device = ns["horovod_setup"](False, cores)
         out = {"initialised": hvd.is_initialized(), "threads": torch.get_num_threads(),
                "device": str(device)}  # fmt: skip
         out["gpu"] = _gpu_setup(ns["horovod_setup"])
@@ -263,32 +291,36 @@ def probe_setup_here(ns: dict[str, Any], threads: int) -> dict[str, Any]:
     return out
 
 
-def probe_setup_ranks(ns: dict[str, Any], threads: int) -> list[Any]:
+def probe_setup_ranks(ns: dict[str, Any], cores: int) -> list[Any]:
     """``horovod_setup`` on two ranks laid out as two hosts of one slot each."""
-    return run_ranks(_rank_setup, ns["horovod_setup"], threads)
+    return run_ranks(_rank_setup, ns["horovod_setup"], cores)
 
 
 def check_setup(ctx: Context) -> None:
-    threads = random.Random(ctx.seed).choice([3, 5, 6, 7])
+    cores = random.Random(ctx.seed).choice([5, 7, 9, 11])  # odd: half of it is rounded down
     local_rank = {p["rank"]: p["local_rank"] for p in expected_placement(2, TWO_HOSTS)}
     worker = ctx.worker()
-    here = worker.probe(f"{_P}:probe_setup_here", threads=threads)
+    here = worker.probe(f"{_P}:probe_setup_here", cores=cores)
     expect(here["initialised"], "Horovod initialised after horovod_setup(False, ...), in a "
            "process where it was not", expected=True, got=here["initialised"])  # fmt: skip
-    expect(here["threads"] == threads, f"torch's threads after horovod_setup(False, threads={threads})",
-           expected=threads, got=here["threads"])  # fmt: skip
+    expect(here["threads"] == cores, f"torch's threads after horovod_setup(False, cores={cores}) "
+           "in a job of one rank", expected=cores, got=here["threads"])  # fmt: skip
     expect(here["device"] == "cpu", "the device returned without a GPU", expected="cpu",
            got=here["device"])  # fmt: skip
     _check_gpu(here["gpu"], 0, "in one process")
-    ranks = worker.probe(f"{_P}:probe_setup_ranks", threads=threads)
+    ranks = worker.probe(f"{_P}:probe_setup_ranks", cores=cores)
     _rank_failure(ranks, "horovod_setup")
     for r in ranks:
         cpu = r["cpu"]
         expect(cpu["size"] == 2, f"hvd.size() on rank {r['rank']} of a job of two ranks",
                expected=2, got=cpu["size"])  # fmt: skip
-        expect(cpu["threads"] == threads and cpu["device"] == "cpu",
-               f"threads and device on rank {r['rank']} after horovod_setup(False, {threads})",
-               expected=(threads, "cpu"), got=(cpu["threads"], cpu["device"]))  # fmt: skip
+        expect(cpu["threads"] == cores // 2 and cpu["device"] == "cpu",
+               f"threads and device on rank {r['rank']} after horovod_setup(False, {cores}), "
+               f"two ranks on one machine under two host names ({TWO_HOSTS}: local_size() is 1)",
+               expected=(cores // 2, "cpu"), got=(cpu["threads"], cpu["device"]))  # fmt: skip
+        expect(r["apart"] == cores, f"threads on rank {r['rank']} after horovod_setup(False, "
+               f"{cores}) when socket.gethostname() says each rank is on a machine of its own "
+               "(size() is still 2)", expected=cores, got=r["apart"])  # fmt: skip
         want = local_rank[r["rank"]]
         _check_gpu(r["gpu"], want, f"on rank {r['rank']} of {TWO_HOSTS} (local_rank {want}"
                    + (": the first slot of the second host)" if r["rank"] != want else ")"))  # fmt: skip
@@ -1022,7 +1054,7 @@ JUDGE = LabJudge(
     exercises={
         1: Exercise(1, "predict where ranks land", ("1b5bee1f",), check_placement,
                     _HOROVOD_RECIPES, _GIVEN),
-        2: Exercise(2, "join the job and pin the device", ("7576f2dd",), check_setup,
+        2: Exercise(2, "join the job, pin the device, share the cores", ("7576f2dd",), check_setup,
                     _HOROVOD_RECIPES, _GIVEN),
         3: Exercise(3, "scaled learning rate with warm-up", ("17015b3d",), check_lr,
                     _HOROVOD_RECIPES, _GIVEN),
