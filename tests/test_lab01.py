@@ -1,12 +1,12 @@
 """Lab 01 (Ray Train): every check fails on its stub and passes on the solution.
 
 :func:`ddtk.course.labverify.verify_lab_checks` proves it from the solution's whole
-run at its laptop defaults but for part 4's scaling runs (1 and 2 workers), each check
-tried on its own on the stub and on the answer, and the stub's whole run (the graded
-class's) for the checks that need the cells before them; then no raylet or GCS server
-may be left. The run with three Ray Train workers and other epochs, as a cluster run
-would change them, is the solution's run in lab 01's graded class
-(``tests/test_course_grade.py``).
+run, each check tried on its own on the stub and on the answer, and the stub's whole
+run for the checks that need the cells before them; then no raylet or GCS server may
+be left. Both whole runs are those of lab 01's graded class (``tests/test_course_grade.py``),
+with its parameters: three Ray Train workers and other epochs, as a cluster run would
+change them. One run of the lab serves both tests (``build/executed``): a lab 01 run
+takes minutes of the suite's longest worker, the one that runs everything that starts Ray.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ def test_every_check_fails_on_the_stub_and_passes_on_the_solution(execution_cach
 
     since = time.time()
     nb = catalog.find("lab01").file
-    # Part 4 at 1 and 2 workers (2 comes from part 2's run): three workers, in part 2 and in
-    # part 4, are the solution's run in tests/test_course_grade.py, so it is not repeated here.
-    # The stub's whole run is the class's, with its parameters (a stub fails the same way).
+    # The class's parameters for both runs, so that whichever test comes first executes them
+    # and the other reads them back.
+    parameters = REAL_LABS["lab01"][1]
     report = verify_lab_checks(
-        nb, {"scaling_workers": [1, 2]}, cache=execution_cache,
-        stub=nb.parents[1] / "labs" / nb.name, stub_parameters=REAL_LABS["lab01"][1],
+        nb, parameters, cache=execution_cache,
+        stub=nb.parents[1] / "labs" / nb.name, stub_parameters=parameters,
     )  # fmt: skip
     assert_no_ray_daemons_left(since)
     assert report.ok, report.describe()
