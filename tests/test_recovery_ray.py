@@ -45,17 +45,10 @@ def _children() -> set[int]:
 
 
 def _start(ray) -> None:
-    """ray.init; on this loaded machine the raylet may miss Ray's fixed 30 s registration wait."""
-    from ddtk.frameworks.ray_procs import start_with_retry
+    """A local session; on this loaded machine the raylet may miss Ray's 30 s registration wait."""
+    from ddtk.frameworks.ray_procs import init_local
 
-    def init() -> None:
-        try:
-            ray.init(address="local", num_cpus=WORKERS, include_dashboard=False, log_to_driver=False)
-        except Exception:
-            ray.shutdown()
-            raise
-
-    start_with_retry(init)
+    init_local(num_cpus=WORKERS, include_dashboard=False, log_to_driver=False)
 
 
 @pytest.fixture(scope="module")

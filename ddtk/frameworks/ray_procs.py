@@ -118,3 +118,22 @@ def start_with_retry(
                 raise
             say(f"attempt {attempt}: {exc} Killed the {len(new)} processes it started; retrying.")
     raise AssertionError("unreachable")
+
+
+def init_local(**kwargs: object) -> object:
+    """``ray.init(address="local", **kwargs)``: a new local session, retried as by
+    :func:`start_with_retry`; a failed attempt's half-started session is shut down first.
+
+    ``address="local"`` always starts a session of its own, never attaching to a cluster
+    that happens to run on this machine. Returns ``ray.init``'s ``RayContext``.
+    """
+    import ray
+
+    def start() -> object:
+        try:
+            return ray.init(address="local", **kwargs)
+        except Exception:
+            ray.shutdown()  # forget the half-started session before the next attempt
+            raise
+
+    return start_with_retry(start)

@@ -275,6 +275,8 @@ def run(
     import ray.train
     from ray.train.torch import TorchTrainer
 
+    from ddtk.frameworks.ray_procs import init_local
+
     work.mkdir(parents=True)
     config = {
         "steps": steps,
@@ -290,7 +292,7 @@ def run(
     if started:
         # A fresh local session, never a cluster that happens to run on this machine
         # (ray.init() without an address would attach to it, and reject num_cpus).
-        ray.init(address="local", num_cpus=max(2, num_workers), include_dashboard=False)
+        init_local(num_cpus=max(2, num_workers), include_dashboard=False)
     try:
         trainer = TorchTrainer(
             train_loop,
