@@ -36,8 +36,9 @@ def _resumable(run_dir: str, steps: int, *, keep_optimizer: bool = True):
 
 
 def _forgets_momentum(run_dir: str, steps: int):
+    latest = ckpt.latest(run_dir)
     with open(Path(run_dir) / "resumed-at.txt", "a") as f:  # where each start began, for the test
-        f.write(f"{ckpt.latest(run_dir).name if ckpt.latest(run_dir) else 'start'}\n")
+        f.write(f"{latest.name if latest else 'start'}\n")
     return _resumable(run_dir, steps, keep_optimizer=False)
 
 
@@ -53,15 +54,18 @@ def test_a_correct_resume_survives_three_sigkills_bitwise(tmp_path):
 
 def test_a_resume_that_drops_the_optimizer_state_is_caught(tmp_path):
     # The kill times follow the reference run's time; on a loaded machine a drilled start can
-    # be slower and be killed before its first checkpoint, and a restart from scratch is not a
-    # resume. So drill again, later in the run, until some start resumed from a checkpoint.
-    for n, window in enumerate([(0.2, 0.45), (0.5, 0.8), (0.7, 0.95)]):
+    # be slower and be killed before its first checkpoint (a restart from scratch is not a
+    # resume), or after its last (the resume has nothing left to train). So drill again, earlier
+    # and later in the run, until some start resumed from a checkpoint with steps left.
+    for n, window in enumerate([(0.2, 0.45), (0.1, 0.3), (0.4, 0.7)]):
         run_dir = tmp_path / f"run{n}"
         report = run_drill(_forgets_momentum, run_dir, STEPS, kills=2, seed=2, window=window)
-        resumed = [s for s in (run_dir / "resumed-at.txt").read_text().split() if s != "start"]
+        starts = (run_dir / "resumed-at.txt").read_text().split()
+        # a resume with steps left to train: one from the last checkpoint trains nothing
+        resumed = [s for s in starts if s != "start" and int(s.split("-")[1]) < STEPS]
         if resumed:
             break
-    assert resumed, "no start resumed from a checkpoint in three drills"
+    assert resumed, "no start resumed from a checkpoint with steps left, in three drills"
     assert report.kills >= 1
     assert not report.bitwise_equal
     assert report.mismatched  # the parameters drift once momentum is lost

@@ -38,7 +38,7 @@ def test_every_check_fails_on_the_stub_and_passes_on_the_solution(execution_cach
     parameters = REAL_LABS["lab01"][1]
     report = verify_lab_checks(
         nb, parameters, cache=execution_cache,
-        stub=nb.parents[1] / "labs" / nb.name, stub_parameters=parameters,
+        stub=nb.parents[1] / "labs" / nb.name,
     )  # fmt: skip
     assert_no_ray_daemons_left(since)
     assert report.ok, report.describe()

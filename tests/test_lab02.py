@@ -68,7 +68,6 @@ def test_every_check_fails_on_the_stub_and_passes_on_the_solution(
     parameters = REAL_LABS["lab02"][1]
     report = verify_lab_checks(
         nb, parameters, cache=execution_cache, stub=nb.parents[1] / "labs" / nb.name,
-        stub_parameters=parameters,
     )  # fmt: skip
     assert_no_horovod_left(since)
     assert report.ok, report.describe()

@@ -24,6 +24,7 @@ import torch
 from support import import_or_require
 
 from ddtk.checkpoint import latest, load, verify
+from ddtk.frameworks.ray_procs import init_local
 from ddtk.recovery.common import build, fingerprint, reference
 from ddtk.recovery.ray_train import _check_run_args, parse_args, run
 
@@ -44,20 +45,14 @@ def _children() -> set[int]:
     return pids
 
 
-def _start(ray) -> None:
-    """A local session; on this loaded machine the raylet may miss Ray's 30 s registration wait."""
-    from ddtk.frameworks.ray_procs import init_local
-
-    init_local(num_cpus=WORKERS, include_dashboard=False, log_to_driver=False)
-
-
 @pytest.fixture(scope="module")
 def ray_session():
     """One local Ray session for the module; after ray.shutdown() no process it started may live."""
     ray = import_or_require("ray", "ray")
     before = _children()
     try:
-        _start(ray)
+        # a local session; a loaded machine can miss Ray's 30 s wait for a raylet (retried)
+        init_local(num_cpus=WORKERS, include_dashboard=False, log_to_driver=False)
         yield ray
     finally:
         ray.shutdown()
