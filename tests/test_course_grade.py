@@ -441,6 +441,10 @@ def _real_class(lab: str, root: Path, solve) -> tuple[Path, dict[str, str]]:
 
 
 @pytest.mark.slow
+# three notebook runs one after another (the stub, the solution, a partial), each bounded by
+# the grader's own --timeout: pytest's 600 s is one run's worth, which lab 03's solution
+# (277 s quiet) and stub took together beside another worker, with a third run to go
+@pytest.mark.timeout(1500)
 @pytest.mark.parametrize(
     "lab",
     [
