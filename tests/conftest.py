@@ -63,6 +63,18 @@ def horovodrun() -> Path:
     return path
 
 
+@pytest.fixture
+def own_tempdir(tmp_path, monkeypatch) -> Path:
+    """This process's temporary files and folders go to a fresh folder, returned, so that a
+    test can assert that what it ran removed its own (other workers' runs cannot blur it)."""
+    import tempfile
+
+    folder = tmp_path / "tempdir"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def execution_cache():
     """The store of executed notebooks that every test of the session shares.

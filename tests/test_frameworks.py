@@ -143,10 +143,11 @@ def test_ddp_and_deepspeed_recipes_train(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_tensorflow_workers_run_in_lock_step() -> None:
+def test_tensorflow_workers_run_in_lock_step(own_tempdir) -> None:
     from ddtk.frameworks.tf_mwms import run_workers
 
     reports = run_workers(2, epochs=2, echo=False)
+    assert not list(own_tempdir.iterdir())  # the workers' report folder is removed
     assert [r["world_size"] for r in reports] == [2, 2]
     assert reports[0]["train_loss"] == reports[1]["train_loss"]  # one model, mirrored
     assert reports[0]["train_loss"][-1] < reports[0]["train_loss"][0]
@@ -158,11 +159,12 @@ def test_tensorflow_workers_run_in_lock_step() -> None:
 
 @pytest.mark.slow
 @pytest.mark.horovod
-def test_comparison_frameworks_agree_and_zero_shards_state(horovodrun) -> None:
+def test_comparison_frameworks_agree_and_zero_shards_state(horovodrun, own_tempdir) -> None:
     from ddtk.frameworks.compare import run_comparison
 
     torch_fw = ["ddp", "horovod", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3", "ddtk-dp"]
     rows = run_comparison(world_sizes=(1, 3), frameworks=torch_fw, steps=3, rounds=1)
+    assert not list(own_tempdir.glob("ddtk-compare-*"))  # each job's result folder is removed
     by = {(r["framework"], r["world_size"]): r for r in rows}
     assert set(by) == {(f, w) for f in torch_fw for w in (1, 3)}
     for w in (1, 3):

@@ -56,10 +56,11 @@ def test_job_plan_keeps_explicit_fusion_to_one_init() -> None:
 @pytest.mark.horovod
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_sweep_on_two_ranks_counts_responses(horovodrun, tmp_path) -> None:
+def test_sweep_on_two_ranks_counts_responses(horovodrun, tmp_path, own_tempdir) -> None:
     rows = horovod_knobs.run_sweep(
         cycles=[5.0, 1.0], fusions=[None, 0], steps=5, trace_dir=tmp_path, echo=False, layers=4
     )
+    assert not list(own_tempdir.glob("hvd-knobs-*"))  # the jobs' result folder is removed
     assert [(r["fusion_threshold"], r["cycle_time_ms"]) for r in rows] == [
         (horovod_knobs.DEFAULT_FUSION_BYTES, 5.0), (horovod_knobs.DEFAULT_FUSION_BYTES, 1.0), (0, 5.0)
     ]

@@ -24,10 +24,11 @@ def test_config_partitions_small_parameters_in_stage_3() -> None:
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
-def test_deepspeed_stages_shard_what_the_paper_says() -> None:
+def test_deepspeed_stages_shard_what_the_paper_says(own_tempdir) -> None:
     pytest.importorskip("deepspeed")
     before = set(SHM_DIR.glob(f"{PREFIX}_*"))
     rows = {r["stage"]: r for r in zero_memory.run_zero_memory(stages=(1, 3), steps=2, echo=False)}
+    assert not list(own_tempdir.glob("zero-mem-*"))  # the job's result folder is removed
     assert set(SHM_DIR.glob(f"{PREFIX}_*")) <= before  # DeepSpeed's CPU all-reduce segments removed
     n = rows[1]["parameters_count"]
     for r in rows.values():

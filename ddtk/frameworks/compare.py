@@ -38,12 +38,13 @@ def _recipe_of(framework: str) -> str:
 def _torch_job(world: int, frameworks: Sequence[str], steps: int, rounds: int, batch_size: int,
                echo: bool, timeout: float) -> dict:  # fmt: skip
     """One horovodrun job of compare_job; its rank 0's JSON."""
-    out = Path(tempfile.mkdtemp(prefix="ddtk-compare-")) / "result.json"
-    script = ["-m", "ddtk.frameworks.compare_job", "--frameworks", ",".join(frameworks),
-              "--steps", str(steps), "--rounds", str(rounds), "--batch-size", str(batch_size),
-              "--json", str(out)]  # fmt: skip
-    run_command(horovodrun_command(world, script), echo=echo, timeout=timeout)
-    return json.loads(out.read_text())
+    with tempfile.TemporaryDirectory(prefix="ddtk-compare-") as folder:
+        out = Path(folder) / "result.json"
+        script = ["-m", "ddtk.frameworks.compare_job", "--frameworks", ",".join(frameworks),
+                  "--steps", str(steps), "--rounds", str(rounds), "--batch-size", str(batch_size),
+                  "--json", str(out)]  # fmt: skip
+        run_command(horovodrun_command(world, script), echo=echo, timeout=timeout)
+        return json.loads(out.read_text())
 
 
 def tf_rows(

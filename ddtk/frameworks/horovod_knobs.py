@@ -183,26 +183,29 @@ def run_sweep(
     """
     from ddtk.frameworks.launchers import horovodrun_command, run_command
 
-    work = Path(tempfile.mkdtemp(prefix="hvd-knobs-"))
-    traces = Path(trace_dir or work)
-    traces.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    for fusion, job_cycles in job_plan(list(fusions), list(cycles)):
-        tag = "default" if fusion is None else str(fusion)
-        out = work / f"knobs_f{tag}.json"
-        script = [
-            "-m", "ddtk.frameworks.horovod_knobs",
-            "--cycle", ",".join(f"{float(c):g}" for c in job_cycles),
-            "--steps", str(steps),
-            "--json", str(out),
-            "--trace", str(traces / f"timeline_f{tag}.json"),  # not --timeline: horovodrun takes it
-        ]  # fmt: skip
-        if fusion is not None:
-            script += ["--fusion", str(int(fusion))]
-        for key, value in flags.items():
-            script += [f"--{key.replace('_', '-')}", str(value)]
-        run_command(horovodrun_command(np, script), timeout=timeout, echo=echo)
-        rows += json.loads(out.read_text())
+    with tempfile.TemporaryDirectory(prefix="hvd-knobs-") as folder:
+        traces = Path(trace_dir or folder)  # without trace_dir, only long enough to count responses
+        traces.mkdir(parents=True, exist_ok=True)
+        for fusion, job_cycles in job_plan(list(fusions), list(cycles)):
+            tag = "default" if fusion is None else str(fusion)
+            out = Path(folder) / f"knobs_f{tag}.json"
+            script = [
+                "-m", "ddtk.frameworks.horovod_knobs",
+                "--cycle", ",".join(f"{float(c):g}" for c in job_cycles),
+                "--steps", str(steps),
+                "--json", str(out),
+                "--trace", str(traces / f"timeline_f{tag}.json"),  # not --timeline: horovodrun takes it
+            ]  # fmt: skip
+            if fusion is not None:
+                script += ["--fusion", str(int(fusion))]
+            for key, value in flags.items():
+                script += [f"--{key.replace('_', '-')}", str(value)]
+            run_command(horovodrun_command(np, script), timeout=timeout, echo=echo)
+            rows += json.loads(out.read_text())
+    if trace_dir is None:
+        for r in rows:
+            r["timeline"] = None  # it was in the folder just removed
     return rows
 
 

@@ -58,7 +58,8 @@ def run_workers(
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
     workers = ",".join(f"localhost:{free_port()}" for _ in range(world_size))
-    out = Path(tempfile.mkdtemp(prefix="ddtk-tf-"))
+    folder = tempfile.TemporaryDirectory(prefix="ddtk-tf-")
+    out = Path(folder.name)
     procs, threads, lines = [], [], []
     try:
         for i in range(world_size):
@@ -79,7 +80,8 @@ def run_workers(
             _kill_group(proc, grace=2.0)
         for t in threads:
             t.join(5)
-    return [json.loads((out / f"worker{i}.json").read_text()) for i in range(world_size)]
+    with folder:
+        return [json.loads((out / f"worker{i}.json").read_text()) for i in range(world_size)]
 
 
 def _wait_all(procs: list[subprocess.Popen], timeout: float, lines: list[str]) -> None:

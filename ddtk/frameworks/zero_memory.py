@@ -222,16 +222,17 @@ def run_zero_memory(
     from ddtk.frameworks.launchers import free_port, run_command, tool, torchrun_command
     from ddtk.parallel.zero import zero_memory_per_param
 
-    out = Path(tempfile.mkdtemp(prefix="zero-mem-")) / "zero.json"
-    script = ["-m", "ddtk.frameworks.zero_memory", "--stages", ",".join(map(str, stages)),
-              "--steps", str(steps), "--json", str(out)] + (["--offload"] if offload else [])  # fmt: skip
-    if launcher == "deepspeed":
-        cmd = [tool("deepspeed"), "--num_gpus", str(world_size), "--master_port", str(free_port()),
-               "--module", *script[1:]]  # fmt: skip
-    else:
-        cmd = torchrun_command(world_size, script, master_port=free_port())
-    run_command(cmd, timeout=timeout, echo=echo)
-    rows = json.loads(out.read_text())
+    with tempfile.TemporaryDirectory(prefix="zero-mem-") as folder:
+        out = Path(folder) / "zero.json"
+        script = ["-m", "ddtk.frameworks.zero_memory", "--stages", ",".join(map(str, stages)),
+                  "--steps", str(steps), "--json", str(out)] + (["--offload"] if offload else [])  # fmt: skip
+        if launcher == "deepspeed":
+            cmd = [tool("deepspeed"), "--num_gpus", str(world_size), "--master_port", str(free_port()),
+                   "--module", *script[1:]]  # fmt: skip
+        else:
+            cmd = torchrun_command(world_size, script, master_port=free_port())
+        run_command(cmd, timeout=timeout, echo=echo)
+        rows = json.loads(out.read_text())
     for r in rows:
         per = zero_memory_per_param(r["stage"], r["world_size"], mixed_precision=False)
         r["formula"] = per["total"] * r["parameters_count"]
