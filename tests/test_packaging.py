@@ -56,3 +56,16 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "make test" in ci and "make test" in readme and "make lab" in readme
+
+
+def test_importing_ray_builds_no_iri_parser() -> None:
+    """jsonschema 4.24+ (pulled by Jupyter's format-nongpl extra) imports rfc3987-syntax, whose
+    import builds an Earley parser: seconds of CPU in each of the many processes of a Ray
+    cluster. pyproject.toml keeps jsonschema below 4.24; this fails if it creeps back."""
+    import subprocess
+    import sys
+
+    code = "import jsonschema, sys; print('rfc3987_syntax' in sys.modules or 'lark' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    assert "rfc3987-syntax" not in _lock_pins()
