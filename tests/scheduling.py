@@ -12,7 +12,8 @@ Each test belongs to a **group** that one worker runs whole, in collection order
   ``tests/test_notebooks.py``); ``tests/test_recovery_ray.py`` shares one session
   between its module's tests;
 - lab 02's and lab 04's graded classes and tests are a group each, for the same reading
-  back;
+  back; the rest of ``tests/test_course_grade.py`` (a tiny lab's rules and class) starts
+  no Ray and is a group of its own, off the Ray group, which bounds the suite's time;
 - **exclusive** groups measure time, where a busy neighbour is an error in the
   measurement, not a slower test: the emulated networks, and the final project's
   checker, whose scaling study reruns the reference at 1, 2 and 4 ranks and compares
@@ -42,6 +43,8 @@ RAY_FILES = frozenset({
     "course/02-ray.ipynb", "course/06-fault-tolerance.ipynb",
 })  # fmt: skip
 LAB_GROUPS = {"tests/test_lab02.py": "lab02", "tests/test_lab04.py": "lab04"}
+GRADE_FILE = "tests/test_course_grade.py"  # its real-lab classes go with their labs' tests
+RAY_LABS = ("lab01", "lab03")  # the labs whose runs start Ray clusters
 EXCLUSIVE_FILES = frozenset({
     "tests/test_net_emulate.py", "tests/test_net_shaping.py", "tests/test_project.py",
     "course/04-nccl-and-networking.ipynb",
@@ -52,10 +55,12 @@ EXCLUSIVE_PREFIX = "exclusive:"
 def group_of(nodeid: str) -> str:
     """The group of the test ``nodeid`` (see the module docstring)."""
     path = nodeid.split("::", 1)[0]
-    if path == "tests/test_course_grade.py":
+    if path == GRADE_FILE:
         for lab in LAB_GROUPS.values():
             if f"[{lab}]" in nodeid:
                 return lab
+        if not any(f"[{lab}]" in nodeid for lab in RAY_LABS):
+            return path  # the tiny lab's class and the restoration rules start no Ray
     if path in LAB_GROUPS:
         return LAB_GROUPS[path]
     if path in RAY_FILES:
@@ -107,4 +112,13 @@ def scheduler(config: Any, log: Any) -> Any:
     return GroupScheduling(config, log)
 
 
-__all__ = ["EXCLUSIVE_FILES", "LAB_GROUPS", "RAY_FILES", "RAY_GROUP", "group_of", "scheduler"]
+__all__ = [
+    "EXCLUSIVE_FILES",
+    "GRADE_FILE",
+    "LAB_GROUPS",
+    "RAY_FILES",
+    "RAY_GROUP",
+    "RAY_LABS",
+    "group_of",
+    "scheduler",
+]

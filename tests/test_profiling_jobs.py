@@ -30,9 +30,12 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("profiles")
     plan = {
         ("input-bound", 1): job_config("input-bound"),
-        ("slow", 2): job_config("slow"),
-        # three ranks on two cores: a longer plant, so the others' stretched backward
-        # (they share the straggler's cores) cannot hide it
+        # A longer plant than the preset's 80 ms: a straggler must be busy 25 % longer
+        # than the others, and every rank's busy time holds the 100 ms data sleep and a
+        # backward that stretches when the cores are shared. Beside another test worker
+        # on two cores the others' busy time rose past 220 ms and the 80 ms rank went
+        # unseen at 2 ranks; at 3 ranks on 2 cores it did so even without a neighbour.
+        ("slow", 2): job_config("slow").replace(straggler_ms=160.0),
         ("slow", 3): job_config("slow").replace(straggler_ms=160.0),
         ("comm-bound", 2): job_config("comm-bound"),
     }
@@ -76,7 +79,7 @@ def test_slow_job_every_planted_problem_is_found(runs, world):
     # run their backward on what is left: with more ranks (or other jobs) than cores their
     # busy time stretches too, and the gap shrinks (47 ms of 80 at 3 ranks on a loaded
     # 2-core machine; on a machine loaded harder still the straggler went unseen, hence
-    # the 160 ms plant at 3 ranks).
+    # the 160 ms plant).
     assert excess >= 0.5 * cfg.straggler_ms
     # every micro-batch all-reduced, each in DDP's buckets: exact counts and bytes
     for r in a.breakdown.rows:

@@ -11,9 +11,11 @@ import pytest
 from scheduling import (
     EXCLUSIVE_FILES,
     EXCLUSIVE_PREFIX,
+    GRADE_FILE,
     LAB_GROUPS,
     RAY_FILES,
     RAY_GROUP,
+    RAY_LABS,
     group_of,
 )
 
@@ -36,8 +38,15 @@ def test_everything_that_starts_ray_runs_in_one_group() -> None:
         for p in (ROOT / "tests").glob("test_*.py")
         if p.name != Path(__file__).name and RAY.search(p.read_text())
     }
-    users |= {f"course/{p.name}" for p in (ROOT / "course").glob("*.ipynb") if RAY.search(p.read_text())}
+    users |= {
+        f"course/{p.name}" for p in (ROOT / "course").glob("*.ipynb") if RAY.search(p.read_text())
+    }
+    assert GRADE_FILE in users  # its Ray-marked tests: the classes of the labs that start Ray
+    users.discard(GRADE_FILE)
     assert users and {group_of(f"{u}::x") for u in users} == {RAY_GROUP}, sorted(users)
+    for lab in RAY_LABS:
+        assert group_of(f"{GRADE_FILE}::test_a_generated_class_of_a_real_lab[{lab}]") == RAY_GROUP
+        assert f'pytest.param("{lab}", marks=pytest.mark.ray)' in (ROOT / GRADE_FILE).read_text()
     for path in (*RAY_FILES, *LAB_GROUPS, *EXCLUSIVE_FILES):
         assert (ROOT / path).is_file(), path
 
@@ -48,7 +57,8 @@ def test_labs_run_with_their_graded_classes() -> None:
         test = next((ROOT / "tests").glob(f"test_{lab}.py")).relative_to(ROOT).as_posix()
         graded = f"tests/test_course_grade.py::test_a_generated_class_of_a_real_lab[{lab}]"
         assert group_of(f"{test}::test_every_check") == group_of(graded), lab
-    assert group_of("tests/test_course_grade.py::test_a_class_of_every_kind_of_submission") == RAY_GROUP
+    tiny = "tests/test_course_grade.py::test_a_class_of_every_kind_of_submission"
+    assert group_of(tiny) == GRADE_FILE  # starts no Ray: off the Ray group
 
 
 def test_other_tests_are_grouped_by_file_and_timing_ones_run_alone() -> None:
