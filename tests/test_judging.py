@@ -6,7 +6,10 @@
   reading the judge's frames) earn nothing, without a process being started;
 - tampering in the learner's other cells never reaches the judge, and a worker that
   answers with something other than data is refused;
-- the worker's confinement: it sees neither the solutions nor the grader's files.
+- the worker's confinement: it sees neither the solutions nor the grader's files;
+- the mutant matrices' worker pool: a child forked from a zygote behaves as a new worker
+  (its own folder and temporary folder, memory gone on restart, an ending or a hang
+  reported as one, nothing it started left running), forked from a set-up run once.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from judging_support import (
 from ddtk.course.judges import judge_for
 from ddtk.course.judging import judge_notebook
 from ddtk.course.judging.mutants import load_mutants, mutants_file
-from ddtk.course.judging.session import LearnerError, Worker
+from ddtk.course.judging.session import LearnerError, Worker, WorkerBroke, WorkerEnded, WorkerPool
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB03 = ROOT / "solutions" / "lab03-fault-tolerant.ipynb"
@@ -123,6 +126,81 @@ def test_a_worker_answers_with_data_only_and_sees_no_solution() -> None:
         with pytest.raises(LearnerError, match=r"Read-only|Permission|No such"):
             w.exec("escape", f"open({str(ROOT / 'ddtk' / 'pwned')!r}, 'w')")
     assert not (ROOT / "ddtk" / "pwned").exists()
+
+
+def _value(worker, name: str):
+    return worker.probe("ddtk.course.judging.worker:value_of", name=name)
+
+
+def test_a_pooled_worker_is_a_new_worker_forked_from_one_set_up() -> None:
+    import psutil
+
+    base = [("setup", "import os, tempfile, time\nimport torch\nbase = torch.ones(3)\n"
+                      "set_up_at = time.time_ns()")]  # fmt: skip
+
+    def key(timeout: int) -> tuple:
+        return (tuple(base), (), timeout)
+
+    with WorkerPool() as pool:
+        first = pool.worker(base, [("answer", "doubled = base * 2")], timeout=60, hide=())
+        assert _value(first, "doubled").tolist() == [2.0, 2.0, 2.0]
+        set_up_at = _value(first, "set_up_at")
+        first.exec("where", "cwd, tmp = os.getcwd(), tempfile.gettempdir()\n"
+                            "threads = torch.get_num_threads()\nopen('kept.txt', 'w').write('x')")  # fmt: skip
+        assert _value(first, "cwd") == str(first.folder)
+        assert _value(first, "tmp") == str(first.folder / "tmp")
+        assert _value(first, "threads") >= 1
+        with pytest.raises(LearnerError, match="ValueError: boom"):
+            first.exec("raises", "raise ValueError('boom')")
+        assert _value(first, "doubled").tolist() == [2.0, 2.0, 2.0]  # an error ends nothing
+        first.restart()  # memory gone, files kept, the answer run again
+        with pytest.raises(LearnerError, match="KeyError"):
+            _value(first, "cwd")
+        assert (first.folder / "kept.txt").exists() and _value(first, "doubled") is not None
+        first.close()
+        assert not first.folder.exists()
+
+        second = pool.worker(base, [("answer", "import subprocess\n"
+                                     "sleeper = subprocess.Popen(['sleep', '300']).pid")],
+                             timeout=60, hide=())  # fmt: skip
+        # forked from the same set-up, which ran once: not an interpreter importing torch again
+        assert _value(second, "set_up_at") == set_up_at and len(pool.zygotes[key(60)]) == 1
+        beside = pool.worker(base, [("answer", "y = 2")], timeout=60, hide=())
+        assert len(pool.zygotes[key(60)]) == 2  # two at once: a second zygote
+        assert _value(beside, "y") == 2 and _value(second, "sleeper") > 0
+        beside.close()
+        with pytest.raises(LearnerError, match="KeyError: 'cwd'"):
+            _value(second, "cwd")  # nothing of the first child's memory
+        with pytest.raises(WorkerEnded, match=r"ended \(exit status 3\) before it answered"):
+            second.exec("dies", "os._exit(3)")
+        with pytest.raises(LearnerError, match="ended before it was asked"):
+            second.exec("after", "1")
+        second.close()
+        assert not [
+            p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "300"]
+        ]
+
+        # 10 s: a new zygote (an interpreter importing torch) must start within the limit too
+        third = pool.worker(base, [("answer", "x = 1")], timeout=10, hide=())
+        with pytest.raises(WorkerBroke, match="no answer within 10 s"):
+            third.exec("hangs", "import time\ntime.sleep(60)")
+        (broken,) = pool.zygotes[key(10)]
+        assert broken.broken
+        fourth = pool.worker(base, [("answer", "x = 4")], timeout=10, hide=())
+        assert _value(fourth, "x") == 4 and pool.zygotes[key(10)] == [fourth.zygote]
+        third.close()
+        fourth.close()
+
+
+def test_a_traced_worker_is_never_forked() -> None:
+    import shutil
+
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    with WorkerPool() as pool:
+        w = pool.worker([("setup", "import os")], [], timeout=60, hide=(), trace=True)
+        assert isinstance(w, Worker) and w.trace_log is not None and not pool.zygotes
+        w.close()
 
 
 def _sort_in_place(ns: dict, items: list) -> list:

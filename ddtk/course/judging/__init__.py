@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ddtk.course.checks import CheckFailed
 from ddtk.course.grading.score import ExerciseResult
 from ddtk.course.judging.audit import audit
-from ddtk.course.judging.session import LearnerError, LocalWorker, StillStub, Worker
+from ddtk.course.judging.session import LearnerError, LocalWorker, StillStub, Worker, WorkerPool
 
 if TYPE_CHECKING:
     from nbformat import NotebookNode
@@ -168,8 +168,12 @@ def judge_notebook(
     hide: tuple[Path, ...] | list[Path] = (),
     timeout: float = 120.0,
     only: tuple[int, ...] | None = None,
+    pool: WorkerPool | None = None,
 ) -> dict[int, Verdict]:
-    """Judge every exercise of ``judge`` (or ``only`` those) in ``learner``'s notebook."""
+    """Judge every exercise of ``judge`` (or ``only`` those) in ``learner``'s notebook.
+
+    Each worker is a new process (:class:`Worker`), unless ``pool`` is given: then a child
+    forked from a zygote that ran the set-up (:class:`WorkerPool`; trusted answers only)."""
     base = setup_cells(judge, solution)
     injected = "\n".join(f"{k} = {v!r}" for k, v in (parameters or {}).items())
     if injected:
@@ -199,10 +203,12 @@ def judge_notebook(
                                        f"Exercise {number} ({exercise.title}) earns nothing: "
                                        + "; ".join(found))  # fmt: skip
             continue
-        cells = base + [(f"answer-{i}", src) for i, src in answers.items()]
+        answer = [(f"answer-{i}", src) for i, src in answers.items()]
 
-        def make(cells: list[tuple[str, str]] = cells, trace: bool = False) -> Worker:
-            return Worker(cells, timeout=timeout, hide=hide, trace=trace)
+        def make(answer: list[tuple[str, str]] = answer, trace: bool = False) -> Any:
+            if pool is not None:
+                return pool.worker(base, answer, timeout=timeout, hide=hide, trace=trace)
+            return Worker(base + answer, timeout=timeout, hide=hide, trace=trace)
 
         verdicts[number] = _verdict(exercise, Context(make, secrets.randbelow(2**31), ref))
     return verdicts

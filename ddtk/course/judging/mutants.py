@@ -107,7 +107,18 @@ def mutant_matrix(
     on_row: Callable[[MatrixRow], None] | None = None,
     **judge_kw: Any,
 ) -> list[MatrixRow]:
-    """Judge the stub, the solution and every mutant of every judged exercise."""
+    """Judge the stub, the solution and every mutant of every judged exercise.
+
+    The variants are the instructor's own code, so their workers are forked from zygotes
+    that ran the set-up once (:class:`~ddtk.course.judging.session.WorkerPool`): the
+    verdicts are the grader's, without an interpreter and its imports per variant."""
+    if "pool" not in judge_kw:
+        from ddtk.course.judging.session import WorkerPool
+
+        with WorkerPool() as pool:
+            return mutant_matrix(
+                judge, solution, stub, mutants, on_row=on_row, pool=pool, **judge_kw
+            )
     rows = []
 
     def add(row: MatrixRow) -> None:

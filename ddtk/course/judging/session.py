@@ -46,17 +46,29 @@ class StillStub(LearnerError):
     """The learner's code still raises the stub's NotImplementedError; the message is its text."""
 
 
+class WorkerEnded(LearnerError):
+    """A forked worker ended (its zygote said so) instead of answering."""
+
+
+class WorkerBroke(LearnerError):
+    """No answer came (time out, the process ended, the pipe closed) or it was not data."""
+
+
 def _decode(data: bytes) -> Any:
     import torch
 
     try:
         answer = torch.load(io.BytesIO(data), weights_only=True)
     except Exception as exc:
-        raise LearnerError(
+        raise WorkerBroke(
             f"the worker's answer could not be read as data ({type(exc).__name__})"
         ) from None
-    if not isinstance(answer, dict) or answer.get("status") not in ("ok", "error", "stub"):
-        raise LearnerError("the worker's answer is not one the judge sent for")
+    if not isinstance(answer, dict) or answer.get("status") not in ("ok", "error", "stub", "ended"):
+        raise WorkerBroke("the worker's answer is not one the judge sent for")
+    if answer["status"] == "ended":  # a zygote's word that its forked worker ended
+        code = int(answer.get("value", 0))
+        how = f"signal {-code}" if code < 0 else f"exit status {code}"
+        raise WorkerEnded(f"the worker process ended ({how}) before it answered")
     if answer["status"] == "stub":
         raise StillStub(str(answer.get("value")))
     if answer["status"] == "error":
@@ -68,7 +80,8 @@ class Worker:
     """One confined worker process; ``cells`` (label, source) run first, in order."""
 
     def __init__(self, cells: Iterable[tuple[str, str]] = (), *, timeout: float = 120.0,
-                 hide: Iterable[Path] = (), memory_mb: int = 8192, trace: bool = False) -> None:  # fmt: skip
+                 hide: Iterable[Path] = (), memory_mb: int = 8192, trace: bool = False,
+                 env: dict[str, str] | None = None) -> None:  # fmt: skip
         from ddtk.course.grading.jail import Jail, confinement, kernel_env
         from ddtk.course.grading.sandbox import Limits
 
@@ -91,7 +104,7 @@ class Worker:
             cmd = [*trace_command(self.trace_log), *cmd]
         self.cmd = cmd
         self.env = kernel_env(
-            os.environ, folder, {"TMPDIR": str(self.jail.tmp), "MPLBACKEND": "Agg"}
+            os.environ, folder, {"TMPDIR": str(self.jail.tmp), "MPLBACKEND": "Agg", **(env or {})}
         )
         self.log = (self.outer / "worker.log").open("wb")
         self._start()
@@ -130,12 +143,12 @@ class Worker:
             wait = deadline - time.monotonic()
             if wait <= 0 or not select.select([fd], [], [], wait)[0]:
                 self.close()
-                raise LearnerError(f"no answer within {self.timeout:.0f} s (stopped)")
+                raise WorkerBroke(f"no answer within {self.timeout:.0f} s (stopped)")
             chunk = os.read(fd, min(left, 1 << 20))
             if not chunk:
                 code = self.proc.wait()
                 how = f"signal {-code}" if code < 0 else f"exit status {code}"
-                raise LearnerError(f"the worker process ended ({how}) before it answered")
+                raise WorkerBroke(f"the worker process ended ({how}) before it answered")
             chunks.append(chunk)
             left -= len(chunk)
         return b"".join(chunks)
@@ -147,12 +160,12 @@ class Worker:
             self.proc.stdin.write(_HEADER.pack(len(data)) + data)
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
-            raise LearnerError("the worker process ended before it was asked") from None
+            raise WorkerBroke("the worker process ended before it was asked") from None
         deadline = time.monotonic() + self.timeout
         size = _HEADER.unpack(self._read_exactly(_HEADER.size, deadline))[0]
         if size > ANSWER_MAX:
             self.close()
-            raise LearnerError(f"the worker's answer is {size} bytes, over {ANSWER_MAX}")
+            raise WorkerBroke(f"the worker's answer is {size} bytes, over {ANSWER_MAX}")
         return _decode(self._read_exactly(size, deadline))
 
     def exec(self, label: str, source: str) -> None:
@@ -171,6 +184,151 @@ class Worker:
         shutil.rmtree(self.outer, ignore_errors=True)
 
     def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+class ForkedWorker:
+    """A :class:`Worker` forked from a zygote that already ran the set-up: same interface,
+    milliseconds to start instead of an interpreter and its imports. Its folder is a new
+    one inside the zygote's; a restart forks again into the same folder."""
+
+    trace_log = None
+
+    def __init__(self, zygote: Zygote, cells: list[tuple[str, str]], folder: Path) -> None:
+        self.zygote, self.cells, self.folder = zygote, cells, folder
+        self.timeout = zygote.worker.timeout
+        self.alive = False
+        self._start()
+
+    def _start(self) -> None:
+        self._ask(("fork", str(self.folder)), forking=True)
+        self.alive = True
+        self.zygote.child = self
+        for label, source in self.cells:
+            self.exec(label, source)
+
+    def _ask(self, message: tuple[Any, ...], *, forking: bool = False) -> Any:
+        if not (self.alive or forking) or self.zygote.broken:
+            raise LearnerError("the worker process ended before it was asked")
+        try:
+            return self.zygote.worker._ask(message)
+        except WorkerEnded:
+            self.alive = False
+            raise
+        except WorkerBroke:  # no answer in time, or one that is not data: start afresh
+            self.alive = False
+            self.zygote.close()
+            raise
+
+    def exec(self, label: str, source: str) -> None:
+        """Run one cell's ``source`` in the worker's namespace."""
+        self._ask(("exec", label, source))
+
+    def probe(self, function: str, **kwargs: Any) -> Any:
+        """Call the instructor probe ``module:function`` in the worker; return its data."""
+        return self._ask(("probe", function, kwargs))
+
+    def _end(self) -> None:
+        if self.alive and not self.zygote.broken:
+            try:
+                self._ask(("exit",))
+            except WorkerEnded:
+                pass  # as asked
+            except WorkerBroke:
+                pass  # no word from the zygote: _ask has closed it
+            except LearnerError:
+                self.zygote.close()  # the child answered instead of ending: trust none of it
+            else:
+                self.zygote.close()
+        self.alive = False
+
+    def restart(self) -> None:
+        """A new child in the same folder: what the last one wrote stays, its memory is gone."""
+        self._end()
+        self._start()
+
+    def close(self) -> None:
+        """End the child and everything it started; delete its folder."""
+        self._end()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> ForkedWorker:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+class Zygote:
+    """A confined :class:`Worker` that ran the set-up ``cells`` once, single-threaded so
+    that forking it is safe, and forks a :class:`ForkedWorker` on request: one at a time,
+    since the child serves on the zygote's own pipes while the zygote waits for it."""
+
+    def __init__(
+        self, cells: list[tuple[str, str]], *, timeout: float, hide: Iterable[Path]
+    ) -> None:
+        env = {"DDTK_JUDGE_ZYGOTE": "1", "OMP_NUM_THREADS": "1",
+               "DDTK_JUDGE_THREADS": os.environ.get("OMP_NUM_THREADS")
+               or str(len(os.sched_getaffinity(0)))}  # fmt: skip
+        self.worker = Worker(cells, timeout=timeout, hide=hide, env=env)
+        self.forks = 0
+        self.broken = False
+        self.child: ForkedWorker | None = None
+
+    @property
+    def free(self) -> bool:
+        """Whether it can fork now: alive, and its last child has ended."""
+        return not self.broken and (self.child is None or not self.child.alive)
+
+    def fork(self, cells: list[tuple[str, str]]) -> ForkedWorker:
+        """A worker with the set-up done, that then runs ``cells`` (the answer)."""
+        self.forks += 1
+        return ForkedWorker(self, cells, self.worker.folder / f"fork-{self.forks}")
+
+    def close(self) -> None:
+        self.broken = True
+        self.worker.close()
+
+
+class WorkerPool:
+    """Zygotes by set-up, for judging many answers against one solution: the set-up runs
+    once per zygote, and each answer in a child forked from it, in a folder of its own.
+
+    Only for answers the grader trusts not to attack one another: the instructor's own
+    mutants (:func:`~ddtk.course.judging.mutants.mutant_matrix`). A child runs as the same
+    user as its zygote and its siblings, so hostile code could reach them; a graded
+    learner's answers each get a fresh :class:`Worker`. Workers that strace their calls
+    are always fresh (strace must see the process from its start)."""
+
+    def __init__(self) -> None:
+        self.zygotes: dict[tuple[Any, ...], list[Zygote]] = {}
+
+    def worker(self, base: list[tuple[str, str]], answer: list[tuple[str, str]], *,
+               timeout: float, hide: Iterable[Path], trace: bool = False) -> Worker | ForkedWorker:  # fmt: skip
+        """A worker that ran ``base`` (the set-up) and then ``answer``: forked from a free
+        zygote of that set-up, or from a new one (a check that holds two workers at once
+        gets two zygotes)."""
+        if trace:
+            return Worker(base + answer, timeout=timeout, hide=hide, trace=True)
+        key = (tuple(base), tuple(hide), timeout)
+        zygotes = self.zygotes.setdefault(key, [])
+        zygotes[:] = [z for z in zygotes if not z.broken]
+        zygote = next((z for z in zygotes if z.free), None)
+        if zygote is None:
+            zygote = Zygote(base, timeout=timeout, hide=hide)
+            zygotes.append(zygote)
+        return zygote.fork(answer)
+
+    def close(self) -> None:
+        for zygotes in self.zygotes.values():
+            for zygote in zygotes:
+                zygote.close()
+        self.zygotes.clear()
+
+    def __enter__(self) -> WorkerPool:
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -241,5 +399,6 @@ class LocalWorker:
 
 
 __all__ = [
-    "ANSWER_MAX", "LearnerError", "LocalWorker", "StillStub", "Worker", "trace_command",
+    "ANSWER_MAX", "ForkedWorker", "LearnerError", "LocalWorker", "StillStub", "Worker",
+    "WorkerBroke", "WorkerEnded", "WorkerPool", "Zygote", "trace_command",
 ]  # fmt: skip

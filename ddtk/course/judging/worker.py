@@ -9,7 +9,11 @@ requests from its stdin and answers on its stdout; the learner's prints go to st
   namespace;
 - ``("probe", "module:function", kwargs)``: call an instructor probe,
   ``function(namespace, **kwargs)``, which calls the learner's functions and returns
-  what they produced.
+  what they produced;
+- ``("fork", folder)`` (a zygote, :class:`~ddtk.course.judging.session.WorkerPool`):
+  fork a child that works in ``folder`` with a copy of the namespace and serves the
+  requests that follow, while this process waits; when the child ends, this process
+  answers ``("ended", exit code)`` and serves again. ``("exit",)`` ends a child.
 
 Every answer is written with ``torch.save``, and the judge reads it with
 ``weights_only=True``: tensors, numbers, strings, lists, tuples and dicts only. So
@@ -19,6 +23,7 @@ checks itself, never code it runs or an object that claims to equal anything.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import os
@@ -81,11 +86,64 @@ def _failure(exc: BaseException) -> tuple[str, str]:
     return "error", f"{type(exc).__name__}: {exc}"[:2000]
 
 
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _adopt_orphans() -> None:
+    """Become the parent of every orphaned descendant (Linux), so that they can be ended."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _end_descendants() -> None:
+    """SIGKILL every process below this one (a child's rank jobs, daemons it started)."""
+    import psutil
+
+    procs = psutil.Process().children(recursive=True)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=10)
+
+
+def _fork(folder: str) -> int:
+    """Fork a worker that works in ``folder`` (made by the child, as the jail's user), with
+    its own temporary folder and the thread count a new interpreter would have. Returns
+    the child's pid in the zygote and 0 in the child."""
+    import tempfile
+
+    pid = os.fork()
+    if pid:
+        return pid
+    tmp = os.path.join(folder, "tmp")
+    os.makedirs(tmp, exist_ok=True)
+    os.chdir(folder)
+    os.environ["TMPDIR"] = tempfile.tempdir = tmp
+    _adopt_orphans()
+    threads = os.environ.pop("DDTK_JUDGE_THREADS", "")
+    if threads and "torch" in sys.modules:  # the zygote ran single-threaded (fork-safe OpenMP)
+        sys.modules["torch"].set_num_threads(int(threads))
+    return 0
+
+
 def _serve(requests: Any, answers: Any, namespace: dict[str, Any]) -> None:
     while (message := read_message(requests)) is not None:
         op = message[0]
         try:
-            if op == "exec":
+            if op == "fork":
+                pid = _fork(message[1])
+                if pid:  # the zygote: wait for the child, end what it left, say how it ended
+                    _, status = os.waitpid(pid, 0)
+                    _end_descendants()
+                    write_answer(answers, "ended", os.waitstatus_to_exitcode(status))
+                    continue
+                value = None  # the child: answer, then serve the requests that follow
+            elif op == "exit":
+                _end_descendants()
+                os._exit(0)
+            elif op == "exec":
                 _label, source = message[1], message[2]
                 exec(compile(_translate(source), _label, "exec"), namespace)
                 value = None
@@ -118,6 +176,8 @@ def main() -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     os.environ.setdefault("MPLBACKEND", "Agg")
+    if os.environ.pop("DDTK_JUDGE_ZYGOTE", "") == "1":  # a child's orphans come back here
+        _adopt_orphans()
     from IPython.display import display
 
     namespace: dict[str, Any] = {"__name__": "__main__", "display": display,
