@@ -180,6 +180,14 @@ def test_a_pooled_worker_is_a_new_worker_forked_from_one_set_up() -> None:
             p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "300"]
         ]
 
+        # a child that cannot make its folder ends at once, and the zygote forks again
+        zygote = pool.zygotes[key(60)][0]
+        with pytest.raises(WorkerEnded, match=r"exit status 70"):
+            zygote.worker._ask(("fork", "/proc/no-folder-here"))
+        again = pool.worker(base, [("answer", "z = 3")], timeout=60, hide=())
+        assert _value(again, "z") == 3
+        again.close()
+
         # 10 s: a new zygote (an interpreter importing torch) must start within the limit too
         third = pool.worker(base, [("answer", "x = 1")], timeout=10, hide=())
         with pytest.raises(WorkerBroke, match="no answer within 10 s"):

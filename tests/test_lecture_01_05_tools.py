@@ -98,11 +98,15 @@ def test_torchrun_script_returns_the_command_and_each_ranks_lines_in_rank_order(
         "import os, sys\n"
         "rank = int(os.environ['RANK'])\n"
         "print(f'[rank {rank}] of {os.environ[\"WORLD_SIZE\"]}', flush=True)\n"
+        "print(f'[rank {rank}] one write per line: {not os.environ.get(\"PYTHONUNBUFFERED\")}',"
+        " flush=True)\n"
         "print('not a rank line')\n"
         "sys.exit(int(os.environ.get('CODE', '0')))\n"
     )
     cmd, lines = torchrun_script(source, nproc=3, timeout=120)
     assert "--rdzv-backend" in cmd and "--nproc-per-node" in cmd
-    assert lines == ["[rank 0] of 3", "[rank 1] of 3", "[rank 2] of 3"]
+    # each rank's lines whole and in its order: buffered stdout, one write per flushed line
+    assert lines == [f"[rank {r}] {what}" for r in range(3)
+                     for what in ("of 3", "one write per line: True")]  # fmt: skip
     _cmd, lines = torchrun_script(source, nproc=1, env={"CODE": "3"}, timeout=120)
-    assert lines == ["[rank 0] of 1"]  # a failing job is returned with what it printed, not raised
+    assert lines == ["[rank 0] of 1", "[rank 0] one write per line: True"]  # a failing job is returned with what it printed, not raised

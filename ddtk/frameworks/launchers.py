@@ -212,6 +212,8 @@ def torchrun_script(
 ) -> tuple[list[str], list[str]]:
     """Run the Python ``source`` under ``torchrun`` on this host; return the command and the
     lines its ranks printed that start with ``[rank``, in rank order (each rank's own order kept).
+    A rank should print each such line with ``flush=True``: its stdout is buffered, so that
+    each line reaches the shared pipe in one write.
 
     The script goes to a temporary file; ``options`` are torchrun flags as in
     :func:`torchrun_command` (default: a c10d rendezvous on a free local port). The
@@ -226,7 +228,12 @@ def torchrun_script(
         path = Path(tmp) / "script.py"
         path.write_text(source)
         cmd = torchrun_command(nproc, [str(path)], **flags)
-        done = run_command(cmd, env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=timeout,
-                           echo=False, check=False)  # fmt: skip
+        # The ranks share torchrun's stdout pipe. Unbuffered (PYTHONUNBUFFERED, which
+        # run_command sets for live output), print() writes a line's text and its newline
+        # in two writes, and another rank's line can land between them ("[rank 0] of 3[rank
+        # 2] of 3"). Buffered, print(..., flush=True) is one write, atomic up to 4 KiB.
+        base = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": ""}
+        done = run_command(cmd, env={**base, **(env or {})}, timeout=timeout, echo=False,
+                           check=False)  # fmt: skip
     lines = [line for line in done.lines if line.startswith("[rank ")]
     return cmd, sorted(lines, key=lambda line: line.split("]")[0])

@@ -117,14 +117,17 @@ def _fork(folder: str) -> int:
     pid = os.fork()
     if pid:
         return pid
-    tmp = os.path.join(folder, "tmp")
-    os.makedirs(tmp, exist_ok=True)
-    os.chdir(folder)
-    os.environ["TMPDIR"] = tempfile.tempdir = tmp
-    _adopt_orphans()
-    threads = os.environ.pop("DDTK_JUDGE_THREADS", "")
-    if threads and "torch" in sys.modules:  # the zygote ran single-threaded (fork-safe OpenMP)
-        sys.modules["torch"].set_num_threads(int(threads))
+    try:
+        tmp = os.path.join(folder, "tmp")
+        os.makedirs(tmp, exist_ok=True)
+        os.chdir(folder)
+        os.environ["TMPDIR"] = tempfile.tempdir = tmp
+        _adopt_orphans()
+        threads = os.environ.pop("DDTK_JUDGE_THREADS", "")
+        if threads and "torch" in sys.modules:  # the zygote ran single-threaded (fork-safe OpenMP)
+            sys.modules["torch"].set_num_threads(int(threads))
+    except BaseException:  # a child that cannot set up must not serve: the zygote says it ended
+        os._exit(70)
     return 0
 
 
