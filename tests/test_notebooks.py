@@ -60,7 +60,7 @@ def without_cells(path: Path, skip: frozenset[str], dest: Path) -> Path:
 
 def build_dir() -> Path:
     """The repository's ``build/`` (ignored by git), made if missing."""
-    build = catalog.find("02").file.parents[1] / "build"
+    build = Path(__file__).resolve().parents[1] / "build"
     build.mkdir(exist_ok=True)
     return build
 

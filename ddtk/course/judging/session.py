@@ -233,15 +233,14 @@ class ForkedWorker:
 
     def _end(self) -> None:
         if self.alive and not self.zygote.broken:
+            ended = False
             try:
                 self._ask(("exit",))
-            except WorkerEnded:
-                pass  # as asked
-            except WorkerBroke:
-                pass  # no word from the zygote: _ask has closed it
+            except (WorkerEnded, WorkerBroke):
+                ended = True  # as asked, or no word from the zygote (_ask has closed it)
             except LearnerError:
-                self.zygote.close()  # the child answered instead of ending: trust none of it
-            else:
+                pass
+            if not ended:  # the child answered instead of ending: trust none of it
                 self.zygote.close()
         self.alive = False
 
