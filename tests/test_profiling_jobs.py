@@ -30,13 +30,12 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("profiles")
     plan = {
         ("input-bound", 1): job_config("input-bound"),
-        # A longer plant than the preset's 80 ms: a straggler must be busy 25 % longer
-        # than the others, and every rank's busy time holds the 100 ms data sleep and a
-        # backward that stretches when the cores are shared. Beside another test worker
-        # on two cores the others' busy time rose past 220 ms and the 80 ms rank went
-        # unseen at 2 ranks; at 3 ranks on 2 cores it did so even without a neighbour.
-        ("slow", 2): job_config("slow").replace(straggler_ms=160.0),
-        ("slow", 3): job_config("slow").replace(straggler_ms=160.0),
+        # The preset plants 160 ms: a straggler must be busy 25 % longer than the others,
+        # and every rank's busy time holds the 100 ms data sleep and a backward that
+        # stretches when the cores are shared. Beside another test worker on two cores
+        # the others' busy time rose past 400 ms, where an 80 ms plant went unseen.
+        ("slow", 2): job_config("slow"),
+        ("slow", 3): job_config("slow"),
         ("comm-bound", 2): job_config("comm-bound"),
     }
     out = {}

@@ -125,7 +125,7 @@ JOBS: dict[str, JobConfig] = {
     "sync-every-microbatch": JobConfig(micro_batches=4, no_sync=False,
                                        description="4 accumulation micro-batches, each all-reduced"),
     "slow": JobConfig(batch_size=256, data_ms=100.0, bucket_cap_mb=0.05, micro_batches=4,
-                      no_sync=False, straggler_rank=-1, straggler_ms=80.0, layers=4,
+                      no_sync=False, straggler_rank=-1, straggler_ms=160.0, layers=4,
                       description="every planted problem at once, float32 included (lab 04's starting point)"),
 }  # fmt: skip
 
