@@ -96,6 +96,7 @@ MODULES = [
     "ddtk.profiling.intervals",
     "ddtk.profiling.collect",
     "ddtk.examples.digits_data",
+    "ddtk.examples.softmax_tuning",
     "ddtk.examples.ray_digits",
     "ddtk.examples.cnn_common",
     "ddtk.frameworks.launchers",

@@ -31,6 +31,7 @@ from ddtk.course.shape import MAX_CELL_WORDS, prose_words, shape_findings
 
 ROOT = Path(__file__).resolve().parents[1]
 LECTURES = sorted((ROOT / "course").glob("[0-9][0-9]-*.ipynb"))
+APPENDICES = sorted((ROOT / "course" / "appendix").glob("[0-9][0-9]-*.ipynb"))
 LABS = sorted((ROOT / "solutions").glob("lab*.ipynb"))
 
 
@@ -42,7 +43,13 @@ def _src(cell: dict) -> str:
     return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
 
 
-@pytest.mark.parametrize("path", LECTURES + LABS, ids=lambda p: p.stem)
+def test_lecture_02_has_its_appendix() -> None:
+    assert [p.name for p in APPENDICES] == ["02-optuna.ipynb"]
+
+
+@pytest.mark.parametrize(
+    "path", LECTURES + APPENDICES + LABS, ids=lambda p: p.parent.name + "/" + p.stem
+)
 def test_notebook_keeps_its_shape(path: Path) -> None:
     assert shape_findings(path, _cells(path)) == []
 
@@ -105,6 +112,11 @@ def test_the_rules_catch_what_they_name() -> None:
     collapsed = answer_cell("a", answer["source"])
     assert shape_findings(lecture, [*body, collapsed]) == []
     assert shape_findings(Path("solutions/lab09-x.ipynb"), [_md("## Troubleshooting\nshort")]) == []
+    # an appendix has no word range, but the cell and troubleshooting rules hold
+    appendix = Path("course/appendix/05-x.ipynb")
+    assert shape_findings(appendix, [_md("## 3. Troubleshooting\nshort")]) == []
+    found = shape_findings(appendix, [_md(words)])
+    assert len(found) == 2 and "more than 600" in found[0] and "no troubleshooting" in found[1]
 
 
 def _run(source: str, ns: dict) -> str:

@@ -26,14 +26,12 @@ LECTURE_02_SMALL = {
     "overhead_calls": 50, "putget_sizes_kib": [4, 1024], "batch_tasks": 4, "ps_steps": 5,
     "data_repeat": 1, "data_epochs": 1, "train_epochs": 1, "allreduce_floats": [16384],
     "tune_samples": 3, "tune_max_iter": 3, "pbt_population": 2, "pbt_iters": 2, "pbt_interval": 1,
-    "optuna_processes": 2, "optuna_trials_per_process": 2,
 }  # fmt: skip
 # Cells the attached run leaves out: measurements and exercises that use the cluster as any
 # cluster (nbval runs them at the defaults). What stays is what depends on how the cluster
 # was reached and what it holds: the connection, its processes and nodes, actors (section
 # 2's parameter server, which also loads the data later cells use), resources and placement
-# groups, Ray Data, Ray Train, Tune searches (Optuna in several processes too), the
-# troubleshooting demos, and the cleanup.
+# groups, Ray Data, Ray Train, Tune searches, the troubleshooting demos, and the cleanup.
 LECTURE_02_NOT_ATTACHED = frozenset({
     "code-arch_fig", "code-overhead", "code-zerocopy", "code-putget", "code-batch",
     "code-train_fig", "code-ex_asha", "code-ex_asha-answer", "code-check_asha", "code-pbt",

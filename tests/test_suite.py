@@ -39,7 +39,9 @@ def test_everything_that_starts_ray_runs_in_one_group() -> None:
         if p.name != Path(__file__).name and RAY.search(p.read_text())
     }
     users |= {
-        f"course/{p.name}" for p in (ROOT / "course").glob("*.ipynb") if RAY.search(p.read_text())
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "course").rglob("*.ipynb")
+        if RAY.search(p.read_text())
     }
     assert GRADE_FILE in users  # its Ray-marked tests: the classes of the labs that start Ray
     users.discard(GRADE_FILE)
@@ -86,7 +88,8 @@ def test_the_timing_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_exclusive_groups_run_alone_after_the_rest(tmp_path: Path) -> None:
     """A real ``pytest -n 2`` over a small project: the exclusive file starts only after
-    every other test has ended, on one worker, and nothing hangs."""
+    every other test has ended, on one worker; lab 02's group, first in xdist's order (it
+    has the most tests), waits for the Ray group to end; and nothing hangs."""
     import subprocess
     import sys
 
@@ -109,7 +112,9 @@ def test_exclusive_groups_run_alone_after_the_rest(tmp_path: Path) -> None:
         "        f.write(json.dumps(['{name}', os.environ['PYTEST_XDIST_WORKER'], start, time.time()]) + '\\n')\n"
     )
     log = tmp_path / "log.jsonl"
-    for name, n, sleep in (("test_net_emulate", 3, 0.2), ("test_a", 4, 0.3), ("test_b", 4, 0.3)):
+    files = (("test_net_emulate", 3, 0.2), ("test_lab02", 9, 0.05), ("test_b", 8, 0.3),
+             ("test_a", 5, 0.3), ("test_ray_procs", 4, 0.2), ("test_c", 3, 0.6))  # fmt: skip
+    for name, n, sleep in files:
         (tmp_path / "tests" / f"{name}.py").write_text(
             test.format(n=n, sleep=sleep, log=str(log), name=name)
         )
@@ -119,9 +124,11 @@ def test_exclusive_groups_run_alone_after_the_rest(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [json.loads(line) for line in log.read_text().splitlines()]
-    exclusive = [r for r in rows if r[0] == "test_net_emulate"]
-    others = [r for r in rows if r[0] != "test_net_emulate"]
-    assert len(exclusive) == 3 and len(others) == 8
+    by_file = {name: [r for r in rows if r[0] == name] for name, _, _ in files}
+    assert {name: len(r) for name, r in by_file.items()} == {name: n for name, n, _ in files}
+    exclusive = by_file.pop("test_net_emulate")
+    others = [r for rs in by_file.values() for r in rs]
     assert len({r[1] for r in others}) == 2  # the rest did run on both workers
     assert len({r[1] for r in exclusive}) == 1
     assert min(r[2] for r in exclusive) >= max(r[3] for r in others)
+    assert min(r[2] for r in by_file["test_lab02"]) >= max(r[3] for r in by_file["test_ray_procs"])

@@ -24,7 +24,7 @@ class NotebookEntry:
     name: str
     path: str
     title: str
-    kind: str  # "lecture", "lab" or "quiz"
+    kind: str  # "lecture", "appendix" (a lecture's runnable extra), "lab" or "quiz"
     needs: frozenset[str] = field(default_factory=frozenset)
 
     @property
@@ -48,6 +48,13 @@ NOTEBOOKS: tuple[NotebookEntry, ...] = (
         "lecture",
     ),
     _entry("02", "course/02-ray.ipynb", "Ray, Ray Train and Ray Tune", "lecture", "ray"),
+    _entry(
+        "02-optuna",
+        "course/appendix/02-optuna.ipynb",
+        "Lecture 2 appendix: Optuna inside Tune and on its own",
+        "appendix",
+        "ray",
+    ),
     _entry(
         "03",
         "course/03-horovod-and-ddp.ipynb",

@@ -1,6 +1,8 @@
 """The shape rules of a lecture: how long it is, how long one cell is, what it ends with.
 
-A lecture's *main path* is its notebook; reference material lives in ``resources/``.
+A lecture's *main path* is its notebook; reference material lives in ``resources/``, and
+material that runs but would push a lecture past its time lives in an appendix notebook
+(``course/appendix/NN-*.ipynb``), which keeps every rule but the word range.
 :func:`prose_words` counts the words a reader reads in a markdown cell: fenced code
 blocks and HTML tags are not prose. :func:`shape_findings` returns one sentence per
 broken rule, which ``ddtk course check`` prints and the test suite asserts empty:
@@ -56,6 +58,9 @@ def is_collapsed(cell: dict[str, Any]) -> bool:
 
 
 def _lecture_number(path: Path) -> int | None:
+    """The lecture ``path`` is (``course/NN-*.ipynb``); None for a lab or an appendix."""
+    if path.parent.name == "appendix":
+        return None
     head = path.name.split("-", 1)[0]
     return int(head) if head.isdigit() else None
 
