@@ -15,14 +15,15 @@ Each test belongs to a **group** that one worker runs whole, in collection order
   back; the rest of ``tests/test_course_grade.py`` (a tiny lab's rules and class) starts
   no Ray and is a group of its own, off the Ray group, which bounds the suite's time;
 - lab 02's group (``AFTER_RAY``) starts only once the Ray group has finished, unless
-  nothing else is left to run: its four Horovod processes beside a Ray cluster's start
+  nothing else is left to run, and then before any other group: its four Horovod processes beside a Ray cluster's start
   have pushed a raylet past Ray's fixed 30 s registration wait, and left last, it kept
   one worker busy for 7 minutes while the other idled before the exclusive groups;
 - **exclusive** groups measure time, where a busy neighbour is an error in the
   measurement, not a slower test: the emulated networks, and the final project's
   checker, whose scaling study reruns the reference at 1, 2 and 4 ranks and compares
   the speedups with the ones reported (a 1-rank rerun slowed by the other worker read
-  a 2-rank speedup of 3.0 against 0.82). They run at the end, alone, once every other
+  a 2-rank speedup of 3.0 against 0.82), and the communication-bound profile, whose
+  shares of the step a neighbour skews. They run at the end, alone, once every other
   worker has finished;
 - any other test file is a group, so a module's fixtures are built once and a notebook
   under nbval keeps its cells in one kernel, in order.
@@ -52,7 +53,7 @@ GRADE_FILE = "tests/test_course_grade.py"  # its real-lab classes go with their 
 RAY_LABS = ("lab01", "lab03")  # the labs whose runs start Ray clusters
 EXCLUSIVE_FILES = frozenset({
     "tests/test_net_emulate.py", "tests/test_net_shaping.py", "tests/test_project.py",
-    "course/04-nccl-and-networking.ipynb",
+    "tests/test_profiling_comm.py", "course/04-nccl-and-networking.ipynb",
 })  # fmt: skip
 EXCLUSIVE_PREFIX = "exclusive:"
 
@@ -99,7 +100,8 @@ def scheduler(config: Any, log: Any) -> Any:
         def _assign_work_unit(self, node: Any) -> None:
             shared = [s for s in self.workqueue if not s.startswith(EXCLUSIVE_PREFIX)]
             if shared:
-                ready = [s for s in shared if s not in AFTER_RAY] if self._ray_pending() else []
+                waiting = self._ray_pending()  # AFTER_RAY groups wait, then go first
+                ready = [s for s in shared if (s in AFTER_RAY) != waiting]
                 self.workqueue.move_to_end((ready or shared)[0], last=False)
                 super()._assign_work_unit(node)
                 return

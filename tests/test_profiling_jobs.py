@@ -91,16 +91,13 @@ def test_slow_job_every_planted_problem_is_found(runs, world):
     assert all(r.data_ms >= cfg.data_ms for r in a.breakdown.rows)
 
 
-def test_large_all_reduce_is_communication_bound(runs):
+def test_large_all_reduce_sends_every_gradient_in_one_bucket(runs):
+    """Counts and bytes only: the diagnosis of this job measures time shares, which a busy
+    neighbour corrupts, so tests/test_profiling_comm.py checks it alone."""
     result, a = runs[("comm-bound", 2)]
     for r in a.breakdown.rows:
         assert r.comm_bytes == 4 * result.params and r.collectives == result.buckets
-    assert result.params > 7_000_000
-    # On two shared cores the rank that reaches the all-reduce first can slow the other
-    # down, which the analysis then rightly calls a straggler; the transfer itself shows
-    # either way, on every rank or on the straggler that waits for nobody.
-    assert "communication" in {f.kind for f in a.findings}
-    assert all(row["comm_total_ms"] > 0.2 * row["step_ms"] for row in a.breakdown.per_rank())
+    assert result.params > 7_000_000 and result.buckets == 1
 
 
 def test_fixing_the_micro_batch_sync_removes_the_extra_all_reduces(tmp_path, runs):

@@ -88,8 +88,9 @@ def test_the_timing_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_exclusive_groups_run_alone_after_the_rest(tmp_path: Path) -> None:
     """A real ``pytest -n 2`` over a small project: the exclusive file starts only after
-    every other test has ended, on one worker; lab 02's group, first in xdist's order (it
-    has the most tests), waits for the Ray group to end; and nothing hangs."""
+    every other test has ended, on one worker; lab 02's group, last in xdist's order (it
+    has the fewest tests), starts once the Ray group has ended, before the groups still
+    queued; and nothing hangs."""
     import subprocess
     import sys
 
@@ -112,8 +113,9 @@ def test_exclusive_groups_run_alone_after_the_rest(tmp_path: Path) -> None:
         "        f.write(json.dumps(['{name}', os.environ['PYTEST_XDIST_WORKER'], start, time.time()]) + '\\n')\n"
     )
     log = tmp_path / "log.jsonl"
-    files = (("test_net_emulate", 3, 0.2), ("test_lab02", 9, 0.05), ("test_b", 8, 0.3),
-             ("test_a", 5, 0.3), ("test_ray_procs", 4, 0.2), ("test_c", 3, 0.6))  # fmt: skip
+    files = (("test_net_emulate", 3, 0.2), ("test_lab02", 2, 0.05), ("test_a", 6, 0.3),
+             ("test_b", 5, 0.3), ("test_ray_procs", 4, 0.2),
+             *((f"test_{c}", 3, 0.3) for c in "cdefg"))  # fmt: skip
     for name, n, sleep in files:
         (tmp_path / "tests" / f"{name}.py").write_text(
             test.format(n=n, sleep=sleep, log=str(log), name=name)
@@ -131,4 +133,7 @@ def test_exclusive_groups_run_alone_after_the_rest(tmp_path: Path) -> None:
     assert len({r[1] for r in others}) == 2  # the rest did run on both workers
     assert len({r[1] for r in exclusive}) == 1
     assert min(r[2] for r in exclusive) >= max(r[3] for r in others)
-    assert min(r[2] for r in by_file["test_lab02"]) >= max(r[3] for r in by_file["test_ray_procs"])
+    lab02 = min(r[2] for r in by_file["test_lab02"])
+    assert lab02 >= max(r[3] for r in by_file["test_ray_procs"])  # after the Ray group
+    starts = [min(r[2] for r in rs) for name, rs in by_file.items() if name != "test_lab02"]
+    assert any(t > lab02 for t in starts)  # and not last, though it has the fewest tests
