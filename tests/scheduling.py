@@ -15,9 +15,10 @@ Each test belongs to a **group** that one worker runs whole, in collection order
   back; the rest of ``tests/test_course_grade.py`` (a tiny lab's rules and class) starts
   no Ray and is a group of its own, off the Ray group, which bounds the suite's time;
 - lab 02's group (``AFTER_RAY``) starts only once the Ray group has finished, unless
-  nothing else is left to run, and then before any other group: its four Horovod processes beside a Ray cluster's start
-  have pushed a raylet past Ray's fixed 30 s registration wait, and left last, it kept
-  one worker busy for 7 minutes while the other idled before the exclusive groups;
+  nothing else is left to run, and then before any other group: its four Horovod
+  processes beside a Ray cluster's start have pushed a raylet past Ray's fixed 30 s
+  registration wait, and left last, it kept one worker busy for 7 minutes while the
+  other idled before the exclusive groups;
 - **exclusive** groups measure time, where a busy neighbour is an error in the
   measurement, not a slower test: the emulated networks, and the final project's
   checker, whose scaling study reruns the reference at 1, 2 and 4 ranks and compares
