@@ -211,13 +211,15 @@ def torchrun_script(
     **options: object,
 ) -> tuple[list[str], list[str]]:
     """Run the Python ``source`` under ``torchrun`` on this host; return the command and the
-    lines its ranks printed that start with ``[rank``, in rank order (each rank's own order kept).
-    A rank should print each such line with ``flush=True``: its stdout is buffered, so that
-    each line reaches the shared pipe in one write.
+    lines its ranks printed to stdout that start with ``[rank``, in rank order (each rank's
+    own order kept).
 
-    The script goes to a temporary file; ``options`` are torchrun flags as in
-    :func:`torchrun_command` (default: a c10d rendezvous on a free local port). The
-    process group is reaped whatever happens, and a failing job is returned, not
+    Each rank's stdout goes to its own file (torchrun's ``--redirects 1`` under a temporary
+    ``--log-dir``), read back once the job ends: ranks that share one pipe can cut into each
+    other's lines, whatever they flush. Their stderr and torchrun's own messages still
+    stream into the shared pipe. The script goes to a temporary file; ``options`` are
+    torchrun flags as in :func:`torchrun_command` (default: a c10d rendezvous on a free local
+    port). The process group is reaped whatever happens, and a failing job is returned, not
     raised: the lectures show what its ranks printed, errors included.
     """
     import tempfile
@@ -225,15 +227,21 @@ def torchrun_script(
     flags: dict[str, object] = {"nnodes": 1, "rdzv_backend": "c10d", "rdzv_endpoint": "localhost:0"}
     flags.update(options)
     with tempfile.TemporaryDirectory(prefix="ddtk-torchrun-") as tmp:
-        path = Path(tmp) / "script.py"
+        path, logs = Path(tmp) / "script.py", Path(tmp) / "logs"
         path.write_text(source)
-        cmd = torchrun_command(nproc, [str(path)], **flags)
-        # The ranks share torchrun's stdout pipe. Unbuffered (PYTHONUNBUFFERED, which
-        # run_command sets for live output), print() writes a line's text and its newline
-        # in two writes, and another rank's line can land between them ("[rank 0] of 3[rank
-        # 2] of 3"). Buffered, print(..., flush=True) is one write, atomic up to 4 KiB.
-        base = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": ""}
-        done = run_command(cmd, env={**base, **(env or {})}, timeout=timeout, echo=False,
-                           check=False)  # fmt: skip
-    lines = [line for line in done.lines if line.startswith("[rank ")]
-    return cmd, sorted(lines, key=lambda line: line.split("]")[0])
+        cmd = torchrun_command(nproc, [str(path)], **flags, log_dir=logs, redirects=1)
+        run_command(cmd, env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=timeout,
+                    echo=False, check=False)  # fmt: skip
+        lines = [line for text in _rank_stdout(logs) for line in text.splitlines()]
+    return cmd, [line for line in lines if line.startswith("[rank ")]
+
+
+def _rank_stdout(logs: Path) -> list[str]:
+    """What each local rank wrote to stdout under torchrun's ``--log-dir``, in rank order
+    (``<run>/attempt_<n>/<local rank>/stdout.log``; a restarted job's attempts in turn)."""
+
+    def order(file: Path) -> tuple[int, int]:
+        return int(file.parent.parent.name.removeprefix("attempt_")), int(file.parent.name)
+
+    files = sorted(logs.glob("*/attempt_*/*/stdout.log"), key=order)
+    return [file.read_text(errors="replace") for file in files]
