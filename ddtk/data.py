@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ddtk.sklearn_tables import sklearn_table
+
 __all__ = [
     "DATASETS",
     "DataPartitioner",
@@ -28,6 +30,7 @@ __all__ = [
     "dirichlet_label_split",
     "load_dataset",
     "quantity_skew_split",
+    "sklearn_table",
     "train_test_split",
 ]
 
@@ -67,22 +70,20 @@ class Dataset:
 
 
 def _digits() -> Dataset:
-    from sklearn.datasets import load_digits
+    data, target = sklearn_table("digits")
+    x = (
+        torch.tensor(data.reshape(-1, 1, 8, 8), dtype=torch.float32) / 16.0
+    )  # (N, 1, 8, 8) in [0, 1]
+    return Dataset("digits", x, torch.tensor(target, dtype=torch.int64), 10)
 
-    d = load_digits()
-    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8) in [0, 1]
-    return Dataset("digits", x, torch.tensor(d.target, dtype=torch.int64), 10)
 
-
-def _tabular(loader_name: str) -> Dataset:
-    """An sklearn table, standardised per feature so plain SGD trains on it."""
-    import sklearn.datasets
-
-    d = getattr(sklearn.datasets, f"load_{loader_name}")()
-    x = torch.tensor(d.data, dtype=torch.float32)
+def _tabular(name: str) -> Dataset:
+    """A scikit-learn table, standardised per feature so plain SGD trains on it."""
+    data, target = sklearn_table(name)
+    x = torch.tensor(data, dtype=torch.float32)
     x = (x - x.mean(0)) / x.std(0).clamp_min(1e-6)
-    classes = int(d.target.max()) + 1
-    return Dataset(loader_name, x, torch.tensor(d.target, dtype=torch.int64), classes)
+    classes = int(target.max()) + 1
+    return Dataset(name, x, torch.tensor(target, dtype=torch.int64), classes)
 
 
 def _synthetic_classification(n: int, seed: int, features: int = 20, classes: int = 4) -> Dataset:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import itertools
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -19,6 +22,7 @@ from ddtk.data import (
     quantity_skew_split,
     train_test_split,
 )
+from ddtk.sklearn_tables import SKLEARN_FILES, sklearn_table
 
 STRATEGIES = ("contiguous", "strided", "shuffled")
 SHAPES = [(10, 3), (1797, 4), (7, 7), (3, 5), (0, 4), (1, 1), (100, 1), (11, 2)]
@@ -327,6 +331,45 @@ def test_all_dataset_names_are_covered() -> None:
         "synthetic_classification",
         "synthetic_regression",
     }
+
+
+@pytest.mark.parametrize("name", sorted(SKLEARN_FILES))
+def test_sklearn_tables_read_from_their_files_equal_sklearns_loaders(name: str) -> None:
+    import sklearn.datasets
+
+    data, target = sklearn_table(name)
+    bunch = getattr(sklearn.datasets, f"load_{name}")()
+    np.testing.assert_array_equal(data, bunch.data)
+    np.testing.assert_array_equal(target, bunch.target)
+    assert data.dtype == np.float64 and target.dtype == np.int64
+
+
+def test_loading_a_real_dataset_does_not_import_sklearn() -> None:
+    probe = (
+        "import sys; from ddtk.data import load_dataset; "
+        "[load_dataset(n) for n in ('digits', 'iris', 'wine', 'breast_cancer')]; "
+        "from ddtk.examples.digits_data import digits_split; digits_split(); "
+        "print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_moved_sklearn_file_falls_back_to_sklearns_loader(monkeypatch, tmp_path) -> None:
+    from ddtk import sklearn_tables
+
+    fake = importlib.machinery.ModuleSpec("sklearn", None, is_package=True)
+    fake.submodule_search_locations = [str(tmp_path)]  # no datasets/data/ under it
+    monkeypatch.setattr(sklearn_tables.importlib.util, "find_spec", lambda name: fake)
+    data, target = sklearn_table("iris")
+    assert data.shape == (150, 4) and target.dtype == np.int64
+    monkeypatch.setattr(sklearn_tables.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImportError, match="ships with scikit-learn, which is not installed"):
+        sklearn_table("digits")
+    with pytest.raises(ValueError, match="not a scikit-learn table"):
+        sklearn_table("mnist")
 
 
 def test_digits_are_sklearn_digits() -> None:
