@@ -7,18 +7,40 @@ overlapped compute, stragglers, the top operators, and a diagnosis in plain word
 :func:`plot_timeline` draws the ranks on one clock; :func:`py_spy_record` profiles the
 Python of a whole launched job; :mod:`ddtk.profiling.jobs` is a training job with
 bottlenecks to plant, which ``ddtk profile`` runs.
+
+Every public name is importable from the package itself. Those of the modules that
+share a function's name (``breakdown``, ``diagnose``) are imported here, so that the
+name means the function; the rest load on first use. Neither imports torch, so
+``import ddtk.profiling`` (and the ``ddtk`` command, whose parser imports
+:mod:`ddtk.profiling.cli`) costs no torch import.
 """
 
+from ddtk._lazy import lazy_exports
 from ddtk.profiling.breakdown import Breakdown, StepBreakdown, breakdown, stragglers
-from ddtk.profiling.collect import StepProfiler, current_rank, region
 from ddtk.profiling.diagnose import Finding, diagnose, explain
-from ddtk.profiling.jobs import JOBS, JobConfig, JobResult, run_job
-from ddtk.profiling.operators import top_operators
-from ddtk.profiling.pyspy import hot_functions, py_spy_record
-from ddtk.profiling.report import Analysis, analyse
-from ddtk.profiling.timeline import plot_timeline
-from ddtk.profiling.trace import RankTrace, TraceError, load_trace, load_traces
 
+# public name -> the submodule that defines it
+_EXPORTS = {
+    "StepProfiler": "collect",
+    "current_rank": "collect",
+    "region": "collect",
+    "JOBS": "jobs",
+    "JobConfig": "jobs",
+    "JobResult": "jobs",
+    "run_job": "jobs",
+    "top_operators": "operators",
+    "hot_functions": "pyspy",
+    "py_spy_record": "pyspy",
+    "Analysis": "report",
+    "analyse": "report",
+    "plot_timeline": "timeline",
+    "RankTrace": "trace",
+    "TraceError": "trace",
+    "load_trace": "trace",
+    "load_traces": "trace",
+}
+
+__getattr__, __dir__, _lazy_names = lazy_exports(__name__, _EXPORTS)
 __all__ = [
     "JOBS",
     "Analysis",

@@ -27,8 +27,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from ddtk.bench.timing import format_bytes
 from ddtk.profiling.breakdown import Breakdown, stragglers
+from ddtk.sizes import format_bytes
 
 __all__ = ["THRESHOLDS", "Finding", "diagnose", "explain"]
 
