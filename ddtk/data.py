@@ -71,9 +71,8 @@ class Dataset:
 
 def _digits() -> Dataset:
     data, target = sklearn_table("digits")
-    x = (
-        torch.tensor(data.reshape(-1, 1, 8, 8), dtype=torch.float32) / 16.0
-    )  # (N, 1, 8, 8) in [0, 1]
+    # (N, 1, 8, 8), pixels 0..16 scaled to [0, 1]
+    x = torch.tensor(data.reshape(-1, 1, 8, 8), dtype=torch.float32) / 16.0
     return Dataset("digits", x, torch.tensor(target, dtype=torch.int64), 10)
 
 

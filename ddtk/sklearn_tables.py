@@ -30,12 +30,10 @@ def sklearn_table(name: str) -> tuple[np.ndarray, np.ndarray]:
     """``(features, targets)`` of a table that ships with scikit-learn, read from its file.
 
     The same arrays as ``sklearn.datasets.load_<name>()``'s ``data`` and ``target``
-    (float64 and int64), without importing scikit-learn: that import pulls in SciPy and
-    costs about 2 s of CPU, which every rank of every job that trains on digits would
-    pay. Each file is one header row (for the plain CSVs: sample and feature counts,
-    class names) then one row per sample, its class last. If a scikit-learn release
-    moves the file, this falls back to scikit-learn's own loader
-    (``tests/test_data.py`` compares the two).
+    (float64 and int64). Every row is one sample, its class last; the plain CSVs start
+    with a header row (sample and feature counts, class names), ``digits.csv.gz`` has
+    none. If a scikit-learn release moves a file, this falls back to scikit-learn's own
+    loader.
     """
     if name not in SKLEARN_FILES:
         raise ValueError(

@@ -40,7 +40,7 @@ _EXPORTS = {
     "load_traces": "trace",
 }
 
-__getattr__, __dir__, _lazy_names = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, _ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
     "JOBS",
     "Analysis",
