@@ -3,6 +3,7 @@
 The public face of the package is small:
 
 - :func:`launch` starts N local ranks (real processes) and runs a function in each;
+  :func:`close_zygote` stops the preloaded interpreter it forks them from;
 - :class:`DistributedContext` is what each rank receives: point-to-point messages
   and collectives implemented from send and recv, one algorithm per file;
 - :class:`ReduceOp` names the reductions;
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ddtk._version import __version__
 from ddtk.launch import (  # light (no torch); eager, since ddtk.launch is also a module
     RankError,
+    close_zygote,
     launch,
 )
 
@@ -58,5 +60,6 @@ __all__ = [
     "RankError",
     "ReduceOp",
     "__version__",
+    "close_zygote",
     "launch",
 ]

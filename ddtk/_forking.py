@@ -152,6 +152,10 @@ class Zygote:
     def close(self) -> None:
         """Close our end: the zygote exits, and any rank still running dies with it."""
         with contextlib.suppress(OSError):
+            # shutdown() first: a close() alone would wait for the reader thread's recv()
+            # to return, and the zygote would see no end of file until then
+            self._sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
             self._sock.close()
         with contextlib.suppress(Exception):
             self.proc.wait(timeout=10)
@@ -181,6 +185,22 @@ def zygote(make_env: Callable[[], Mapping[str, str]]) -> Zygote | None:
         return _zygote
 
 
+def close_zygote() -> bool:
+    """Stop this process's zygote, if it started one; whether one was running.
+
+    The zygote ends with this process anyway; a notebook calls this in its last cell so
+    that the processes it leaves are none, not a helper that looks like a stray rank. The
+    next launch starts a new zygote."""
+    global _zygote, _failed
+    with _lock:
+        if _zygote is None or _owner != os.getpid():
+            return False
+        z, _zygote, _failed = _zygote, None, False
+    running = z.alive
+    z.close()
+    return running
+
+
 def is_zygote(proc: object) -> bool:
     """Whether a :mod:`psutil` process is a ddtk zygote (a helper that lives as long as its launcher)."""
     try:
@@ -189,4 +209,4 @@ def is_zygote(proc: object) -> bool:
         return False
 
 
-__all__ = ["ForkedProcess", "Zygote", "ZygoteError", "is_zygote", "zygote"]
+__all__ = ["ForkedProcess", "Zygote", "ZygoteError", "close_zygote", "is_zygote", "zygote"]

@@ -16,6 +16,8 @@ How it works, and why:
   the launch; CUDA is never initialised before a fork, and scripts need no
   ``if __name__ == "__main__"`` guard. ``DDTK_LAUNCH_ZYGOTE=0`` (or a platform
   without one) starts each rank as a new interpreter, ``python -m ddtk._rank``.
+  :func:`close_zygote` stops it early (a notebook's last cell, which shows what
+  processes it leaves: none, not a helper that looks like a stray rank).
 * The function and its arguments travel by cloudpickle, so functions defined in
   a notebook cell or in ``__main__`` work.
 * Rendezvous uses a TCPStore owned by this process on a free port chosen by the
@@ -199,6 +201,15 @@ def _zygote_env() -> dict[str, str]:
     )
     env.setdefault("GLIBC_TUNABLES", _MALLOC_TUNABLES)
     return env
+
+
+def close_zygote() -> bool:
+    """Stop the zygote that forks this process's ranks; whether one was running.
+
+    It would end with this process. The next :func:`launch` starts a new one."""
+    from ddtk._forking import close_zygote as close
+
+    return close()
 
 
 def _start(env: dict[str, str], write_fd: int) -> Any:

@@ -250,3 +250,20 @@ def test_course_check_mutants_reports_a_hole_and_fails(monkeypatch, capsys) -> N
         "lecture04",
     ]
     assert f"{len(judged)} unexpected outcome(s) in all" in out  # every lab and lecture is judged
+
+
+def test_a_notebooks_own_judge_call_stands_aside_in_a_grading_run(monkeypatch, capsys) -> None:
+    """``judge(n, globals())`` in a notebook runs the grader's check there, except in a
+    grading run's kernel (the sandbox's marker in its environment): the grader judges
+    the exercise itself and its verdict replaces the kernel's, so nothing is run twice."""
+    from ddtk.course.checks import CheckFailed
+    from ddtk.course.grading.sandbox import MARKER
+    from ddtk.course.judging import check_here
+
+    judge = judge_for("lab04-profiling")
+    monkeypatch.delenv(MARKER, raising=False)
+    with pytest.raises(CheckFailed):
+        check_here(judge, 1, {})  # no answer at all: the check runs here and fails
+    monkeypatch.setenv(MARKER, "token")
+    check_here(judge, 1, {})
+    assert "the grader judges it in its own processes" in capsys.readouterr().out

@@ -89,6 +89,19 @@ def test_one_zygote_serves_every_launch_and_starts_no_thread_before_it_forks() -
     assert _forking.is_zygote(psutil.Process(first))
 
 
+def test_close_zygote_stops_it_and_the_next_launch_starts_another() -> None:
+    """A notebook's last cell calls ``ddtk.close_zygote()``: the helper is gone (not left
+    behind like a stray rank), a second call finds none, and launching again still works."""
+    ddtk.launch(_where, 1)
+    first = _zygote_pid()
+    assert ddtk.close_zygote() is True
+    assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
+    assert not [p for p in psutil.Process().children(recursive=True) if _forking.is_zygote(p)]
+    assert ddtk.close_zygote() is False
+    assert [r["sum"] for r in ddtk.launch(_where, 2)] == [[3.0] * 4] * 2
+    assert _zygote_pid() != first
+
+
 def _die(ctx, how: str) -> None:
     if ctx.rank == 1:
         if how == "exit":

@@ -232,7 +232,19 @@ def _local(namespace: Mapping[str, Any]) -> Iterator[Context]:
 
 def check_here(judge: LabJudge, number: int, namespace: Mapping[str, Any]) -> None:
     """Run exercise ``number``'s check on this kernel's ``namespace``: print a pass line
-    or raise :class:`~ddtk.course.checks.CheckFailed` with the judge's message."""
+    or raise :class:`~ddtk.course.checks.CheckFailed` with the judge's message.
+
+    In a grading run (``ddtk course grade``'s sandbox marks its kernels' environment) the
+    check is not run here: the grader judges every exercise again in processes of its own,
+    and that verdict replaces whatever this kernel decides, so a run here would cost the
+    lab's judged checks twice and decide nothing."""
+    import os
+
+    from ddtk.course.grading.sandbox import MARKER
+
+    if os.environ.get(MARKER):
+        print(f"Exercise {number}: the grader judges it in its own processes (a grading run)")
+        return
     exercise = judge.exercises[number]
     with _local(namespace) as ctx:
         verdict = _verdict(exercise, ctx)
