@@ -1,5 +1,7 @@
 # ddtk course kit. `make help` lists the targets.
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# the interpreter .venv is made from: Debian's optimised python3.11 where it can build one
+# (scripts/pick_python.sh says why and what it measured), else python3.11 or python3
+PYTHON ?= $(shell bash scripts/pick_python.sh)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ddtk-installed

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import nbformat
@@ -126,6 +127,38 @@ def test_a_worker_answers_with_data_only_and_sees_no_solution() -> None:
         with pytest.raises(LearnerError, match=r"Read-only|Permission|No such"):
             w.exec("escape", f"open({str(ROOT / 'ddtk' / 'pwned')!r}, 'w')")
     assert not (ROOT / "ddtk" / "pwned").exists()
+
+
+def test_a_checkout_under_tmp_stays_visible_in_the_private_tmp(monkeypatch) -> None:
+    """A checkout or venv in a traversable folder of /tmp (a CI clone, a learner's scratch
+    copy) is what the worker runs from: the jail's private /tmp shows it again, read-only,
+    and still hides the rest of the machine's /tmp."""
+    import tempfile
+
+    from ddtk.course.grading import jail
+    from ddtk.course.grading.jail import confinement
+
+    if not confinement().namespaces:
+        pytest.skip(confinement().summary())
+    with (
+        tempfile.TemporaryDirectory(dir="/tmp") as needed,
+        tempfile.TemporaryDirectory(dir="/tmp") as other,
+    ):
+        os.chmod(needed, 0o755)  # traversable: not one of the closed folders the jail rebuilds
+        (Path(needed) / "venv").mkdir()
+        (Path(needed) / "venv" / "marker.txt").write_text("the interpreter lives here")
+        (Path(other) / "secret.txt").write_text("not for the worker")
+        paths = jail._needed_paths()
+        monkeypatch.setattr(jail, "_needed_paths", lambda: [*paths, Path(needed) / "venv"])
+        with Worker([("setup", "import pathlib")], timeout=60) as w:
+            marker, secret = Path(needed) / "venv" / "marker.txt", Path(other) / "secret.txt"
+            w.exec("look", f"seen = pathlib.Path({str(marker)!r}).read_text()\n"
+                           f"hidden = not pathlib.Path({str(secret)!r}).exists()")  # fmt: skip
+            assert _value(w, "seen") == "the interpreter lives here"
+            assert _value(w, "hidden") is True
+            with pytest.raises(LearnerError, match=r"Read-only|Permission"):
+                w.exec("write", f"pathlib.Path({str(marker)!r}).write_text('changed')")
+        assert marker.read_text() == "the interpreter lives here"
 
 
 def _value(worker, name: str):

@@ -181,6 +181,12 @@ class Jail:
         if os.geteuid() != 0:
             args.insert(1, "--unshare-user")
         needed = _needed_paths()
+        tmp = Path("/tmp")
+        # the private /tmp would hide a checkout or a venv that lives there: show it again
+        # (before the closed folders, which may lie below it)
+        shown = sorted({tmp / p.relative_to(tmp).parts[0] for p in needed if tmp in p.parents})
+        for top in shown:
+            args += ["--ro-bind", str(top), str(top)]
         for closed in sorted({c for p in needed for c in _closed_ancestors(p)}):
             args += ["--perms", "0755", "--tmpfs", str(closed)]
             tops = {closed / p.relative_to(closed).parts[0] for p in needed if closed in p.parents}
@@ -190,7 +196,7 @@ class Jail:
             if path.is_dir() and not any(path == p or path in p.parents for p in needed):
                 args += ["--perms", "0555", "--tmpfs", str(path)]
         for parent in reversed(self.folder.parents):  # inside the private /tmp: traversable
-            if Path("/tmp") in parent.parents:
+            if tmp in parent.parents and not any(t == parent or t in parent.parents for t in shown):
                 args += ["--perms", "0711", "--dir", str(parent)]
         args += ["--bind", str(self.folder), str(self.folder), "--chdir", str(cwd or self.folder)]
         return args
