@@ -9,11 +9,6 @@ alive 30 s after the last test fails the run, and is killed.
 Every run also writes ``build/test-times.json``: the suite's wall-clock total, the
 outcome counts and the 25 slowest tests (setup, call and teardown together), so that a
 slower suite shows in the next comparison (``DDTK_TEST_TIMES`` names another file).
-Beside each test's seconds it keeps the CPU seconds it cost: on 2 cores with two workers
-the suite is bound by CPU, not by waiting, so CPU is what a cut must remove. That is the
-user and system time of the worker and of every process it started and waited for
-(ranks, kernels, launchers); a daemon that outlives the test and is reaped by another
-process (Ray's raylet, when a notebook's cluster stops) is not counted.
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ import contextlib
 import json
 import os
 import platform
-import resource
 import sys
 import time
 from collections import Counter, defaultdict
@@ -39,46 +33,11 @@ _SLOWEST = 25
 _durations: defaultdict[str, float] = defaultdict(float)
 _outcomes: dict[str, str] = {}
 _spans: dict[str, list] = {}  # test -> [worker, first start, last stop] (epoch seconds)
-_cpu: defaultdict[str, float] = defaultdict(float)  # test -> CPU seconds (see the docstring)
-_CPU_KEY = "ddtk-cpu-s"
-
-
-def _cpu_now() -> float:
-    """User and system seconds of this process and of the children it has waited for."""
-    own, kids = (
-        resource.getrusage(resource.RUSAGE_SELF),
-        resource.getrusage(resource.RUSAGE_CHILDREN),
-    )
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def _timed_phase(item: pytest.Item, when: str):
-    """Record the CPU seconds of one phase in ``item.user_properties``, which its report carries
-    to the xdist controller."""
-    began = _cpu_now()
-    yield
-    item.user_properties.append((f"{_CPU_KEY}:{when}", round(_cpu_now() - began, 3)))
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item: pytest.Item):
-    yield from _timed_phase(item, "setup")
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item: pytest.Item):
-    yield from _timed_phase(item, "call")
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item: pytest.Item):
-    yield from _timed_phase(item, "teardown")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Add up each test's phases; count each test once: failed, else skipped, else passed."""
     _durations[report.nodeid] += report.duration
-    _cpu[report.nodeid] += dict(report.user_properties).get(f"{_CPU_KEY}:{report.when}", 0.0)
     worker = getattr(getattr(report, "node", None), "gateway", None)
     span = _spans.setdefault(report.nodeid, [getattr(worker, "id", "main"), report.start, 0.0])
     span[1], span[2] = min(span[1], report.start), max(span[2], report.stop)
@@ -90,15 +49,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _outcomes.setdefault(report.nodeid, "passed")
 
 
-def _row(test: str) -> dict:
-    return {"test": test, "seconds": round(_durations[test], 1), "cpu_s": round(_cpu[test], 1)}
-
-
 def write_test_times(path: Path, total_s: float, exitstatus: int) -> dict:
     """Write the timing report of this run to ``path`` and return it."""
     counts = Counter(_outcomes.values())
     slowest = sorted(_durations.items(), key=lambda kv: kv[1], reverse=True)[:_SLOWEST]
-    costliest = sorted(_cpu.items(), key=lambda kv: kv[1], reverse=True)[:_SLOWEST]
     report = {
         "total_s": round(total_s, 1),
         "exit_status": int(exitstatus),
@@ -110,9 +64,7 @@ def write_test_times(path: Path, total_s: float, exitstatus: int) -> dict:
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "python": platform.python_version(),
         },
-        "cpu_s": round(sum(_cpu.values()), 1),
-        "slowest": [_row(t) for t, _s in slowest],
-        "costliest": [_row(t) for t, _c in costliest],
+        "slowest": [{"test": t, "seconds": round(s, 1)} for t, s in slowest],
         "workers": _by_worker(),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +76,7 @@ def _by_worker() -> dict:
     """Each worker's busy seconds and its groups in the order it ran them (tests/scheduling.py).
 
     A group's ``start`` and ``end`` are seconds since the session began; ``seconds`` adds
-    up its tests' phases, ``cpu_s`` their CPU seconds.
+    up its tests' phases.
 
     With ``-n 2`` the longest worker is the suite's wall clock: this shows which groups
     made it so.
@@ -133,22 +85,18 @@ def _by_worker() -> dict:
 
     workers: dict[str, dict] = {}
     for test, (worker, start, stop) in sorted(_spans.items(), key=lambda kv: kv[1][1]):
-        entry = workers.setdefault(worker, {"busy_s": 0.0, "cpu_s": 0.0, "groups": []})
+        entry = workers.setdefault(worker, {"busy_s": 0.0, "groups": []})
         entry["busy_s"] += _durations[test]
-        entry["cpu_s"] += _cpu[test]
         group = group_of(test)
         if not entry["groups"] or entry["groups"][-1]["group"] != group:
-            entry["groups"].append(
-                {"group": group, "start": start, "end": stop, "seconds": 0.0, "cpu_s": 0.0}
-            )
+            entry["groups"].append({"group": group, "start": start, "end": stop, "seconds": 0.0})
         entry["groups"][-1]["seconds"] += _durations[test]
-        entry["groups"][-1]["cpu_s"] += _cpu[test]
         entry["groups"][-1]["end"] = max(entry["groups"][-1]["end"], stop)
     for entry in workers.values():
-        entry["busy_s"], entry["cpu_s"] = round(entry["busy_s"], 1), round(entry["cpu_s"], 1)
+        entry["busy_s"] = round(entry["busy_s"], 1)
         for g in entry["groups"]:
             g["start"], g["end"] = round(g["start"] - _STARTED, 1), round(g["end"] - _STARTED, 1)
-            g["seconds"], g["cpu_s"] = round(g["seconds"], 1), round(g["cpu_s"], 1)
+            g["seconds"] = round(g["seconds"], 1)
     return workers
 
 
