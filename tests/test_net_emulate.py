@@ -5,7 +5,8 @@ measured by ping-pong, are fitted with t = a + m / b. The stated tolerance:
 the fitted bandwidth ``b`` is within 10 % of the link's, and the fitted latency
 ``a`` lies between the link's latency and that plus 0.5 ms (the transport's own
 cost of a message, which the emulation adds to rather than replaces, and the
-scheduling noise of 2 shared cores).
+scheduling noise of 2 shared cores). No message may ever arrive sooner than the
+link allows; the upper bounds get three attempts, since load only adds time.
 """
 
 from __future__ import annotations
@@ -111,17 +112,32 @@ def test_round_robin_pairs_every_rank_once_per_round_and_every_pair_once():
 )
 def test_emulated_links_have_the_bandwidth_and_latency_asked_for(transport, bandwidth, latency):
     net = EmulatedNetwork(bandwidth, latency)
-    sizes = [4, 64 << 10, 512 << 10, 1 << 20, 2 << 20]
-    times = ddtk.launch(link_times, 2, args=(sizes, 7), network=net, transport=transport)[0]
-    got_latency, got_bandwidth = fit_link(times)
     link = net.default
+    sizes = [4, 64 << 10, 512 << 10, 1 << 20, 2 << 20]
+    attempts = []
+    for _ in range(3):  # noise only adds time: a loaded machine gets two more tries
+        times = ddtk.launch(link_times, 2, args=(sizes, 15), network=net, transport=transport)[0]
+        # no message ever arrives sooner than the link allows, in any attempt
+        assert all(t >= link.time(n) * 0.95 for n, t in times.items()), times
+        off = _off_the_link(link, times)
+        if not off:
+            return
+        attempts.append(off)
+    # Under contention a woken rank can wait a whole scheduler slice (0.75 ms) behind
+    # another process, so every attempt's failure is shown with the machine's state.
+    pytest.fail(f"{attempts}; {machine_state()}")
+
+
+def _off_the_link(link: LinkSpec, times: dict[int, float]) -> list[str]:
+    """Which sizes (and which fitted parameters) lie outside the stated tolerance."""
+    got_latency, got_bandwidth = fit_link(times)
     off = [f"size {n}: {t * 1e3:.3f} ms against {link.time(n) * 1e3:.3f} ms" for n, t in times.items()
-           if not link.time(n) * 0.95 <= t <= link.time(n) * 1.1 + LATENCY_SLACK_S]  # fmt: skip
+           if not t <= link.time(n) * 1.1 + LATENCY_SLACK_S]  # fmt: skip
     if abs(got_bandwidth / link.bandwidth - 1) > BANDWIDTH_TOLERANCE:
         off.append(f"fitted bandwidth {got_bandwidth / 1e6:.1f} MB/s")
     if not link.latency <= got_latency <= link.latency + LATENCY_SLACK_S:
         off.append(f"fitted latency {got_latency * 1e6:.0f} us")
-    assert not off, f"{off}; {machine_state()}"  # every single size, and the fit
+    return off
 
 
 def _fan_out(ctx, nbytes: int) -> dict[str, float]:

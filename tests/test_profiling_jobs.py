@@ -183,8 +183,11 @@ def test_ddtk_profile_command_from_the_installed_script(tmp_path):
     assert (tmp_path / "t.png").stat().st_size > 10_000
     svg = (tmp_path / "f.svg").read_text()
     assert "train_rank" in svg  # the training loop of the ranks, not only the launcher
-    ranks = set(re.findall(r"process (\d+):&quot;[^&]*-m ddtk._rank", svg))
-    assert len(ranks) == 2, ranks  # --subprocesses followed both rank processes
+    # --subprocesses followed the launcher and both ranks. Count process ids, not
+    # command lines: py-spy labels a rank it caught between fork and exec with the
+    # launcher's command line (seen under load), while still sampling its stacks.
+    processes = set(re.findall(r"process (\d+):&quot;", svg))
+    assert len(processes) == 3, processes
 
 
 @pytest.mark.parametrize(

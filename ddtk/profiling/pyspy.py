@@ -9,6 +9,9 @@ needs no root and no ``ptrace`` rights beyond those a parent has over its childr
 starts, and each stack begins with the process it came from. Under py-spy each rank of
 ``ddtk.launch`` starts as a new interpreter (``DDTK_LAUNCH_ZYGOTE=0``), so that its stacks
 begin with its own ``-m ddtk._rank`` rather than the zygote that ranks are forked from.
+py-spy labels a process with the command line it had when first seen: a rank caught
+between ``fork`` and ``exec`` keeps its launcher's command line in the profile, though
+its stacks (``train_rank`` and below) are its own. Tell ranks apart by their process id.
 
 Formats: ``flamegraph`` (an interactive SVG), ``speedscope`` (JSON for
 https://speedscope.app) and ``raw`` (collapsed stacks, one ``frame;frame;frame count``
