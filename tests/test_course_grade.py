@@ -156,6 +156,7 @@ def tampered(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 def tiny_class(root: Path, sleep_arg: str) -> tuple[Path, Path]:
     """The tiny lab's solution and a class of every kind of submission."""
     solution = tiny_solution()
+    solution.metadata["ddtk"] = {"points": {"total": 1, "double": 2, "shout": 3}}
     sol_path = write(solution, root / "solutions" / "lab99-tiny.ipynb")
     stub = stub_of(solution)
     subs = root / "subs"
@@ -237,7 +238,10 @@ def test_a_class_of_every_kind_of_submission(tmp_path: Path) -> None:
     assert rows["sol"]["same_as"] == ["noids", "sol_tampered"]
     assert ["stub", "stub_tampered"] in report["shared_code"]
     assert rows["hang"]["exercises"][1]["message"].startswith("not run: cell[5] was still running")
-    assert rows["partial"]["score"] == 2 and rows["partial"]["percent"] == pytest.approx(66.67)
+    # weighted by the lab's metadata: total 1, double 2, shout 3; partial solved 1 and 3
+    assert rows["partial"]["score"] == 4 and rows["partial"]["max_score"] == 6
+    assert rows["partial"]["percent"] == pytest.approx(66.67)
+    assert [e["earned"] for e in rows["partial"]["exercises"]] == [1, 0, 3]
     stub_msg = rows["stub"]["exercises"][1]["message"]
     assert stub_msg.startswith("Exercise 2 (double) is not done yet"), stub_msg
     assert "MemoryError" in rows["memory"]["exercises"][0]["message"]
@@ -248,11 +252,38 @@ def test_a_class_of_every_kind_of_submission(tmp_path: Path) -> None:
     assert not (out / "empty" / "lab99-tiny.executed.ipynb").exists()
     with (out / "grades.csv").open() as f:
         grades = {r["student"]: r for r in csv.DictReader(f)}
-    assert grades["partial"]["score"] == "2" and grades["partial"]["status"] == "fail"
+    assert grades["partial"]["score"] == "4" and grades["partial"]["status"] == "fail"
+    check_exports(out, rows)
     # the hang's kernel, its detached child and its folder are gone
     left = [p for p in psutil.process_iter(["cmdline"]) if sleep_arg in (p.info["cmdline"] or [])]
     assert left == []
     assert not list(Path(tmp_path).glob("**/ddtk-grade-*"))
+
+
+def check_exports(out: Path, rows: dict[str, dict]) -> None:
+    """The LMS files of the tiny class: Gradescope per student, Canvas, feedback pages."""
+    from test_gradebook import assert_gradescope_results
+
+    for student, row in rows.items():
+        gs = json.loads((out / student / "gradescope.json").read_text())
+        assert_gradescope_results(gs)
+        assert gs["score"] == row["score"] and len(gs["tests"]) == 3, (student, gs)
+        assert sum(t["max_score"] for t in gs["tests"]) == 6
+    partial = json.loads((out / "partial" / "gradescope.json").read_text())
+    assert [(t["score"], t["max_score"], t["status"]) for t in partial["tests"]] == [
+        (1, 1, "passed"), (0, 2, "failed"), (3, 3, "passed")]  # fmt: skip
+    assert "is not done yet" in partial["tests"][1]["output"]  # the check's own message
+    with (out / "canvas.csv").open() as f:
+        canvas = list(csv.reader(f))
+    assert canvas[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Lab 99: tiny"]
+    assert canvas[1][0] == "Points Possible" and canvas[1][-1] == "6"
+    scores = {r[3]: r[-1] for r in canvas[2:]}
+    assert scores == {s: str(r["score"]) for s, r in rows.items()}
+    page = (out / "partial" / "feedback.html").read_text()
+    assert "4 of 6 points" in page and "What to do" in page and "double" in page
+    others = [s for s in rows if s != "partial" and len(s) > 4]  # names that are not words
+    assert not [s for s in others if s in page], others
+    assert "not graded: " in (out / "notjson" / "feedback.html").read_text()
 
 
 def test_exit_codes_all_passed_and_usage_errors(tmp_path: Path, capsys) -> None:
@@ -385,6 +416,28 @@ def _partial(stub, solution, specs, solve: tuple[int, ...]):
     return nb
 
 
+def check_real_exports(lab: str, out: Path, rows: dict[str, dict]) -> None:
+    """A real lab's exports: weighted by its metadata, valid for Gradescope and Canvas."""
+    from test_gradebook import assert_gradescope_results
+
+    from ddtk.course import catalog
+    from ddtk.course.grading.score import lab_checks, lab_points
+
+    solution = nbformat.read(catalog.find(lab).file, as_version=4)
+    points = lab_points(solution, lab_checks(solution))
+    total = sum(points.values())
+    assert rows["solution"]["score"] == rows["solution"]["max_score"] == total
+    for student, row in rows.items():
+        gs = json.loads((out / student / "gradescope.json").read_text())
+        assert_gradescope_results(gs)
+        assert [t["max_score"] for t in gs["tests"]] == [points[n] for n in sorted(points)]
+        assert gs["score"] == row["score"], student
+    with (out / "canvas.csv").open() as f:
+        canvas = list(csv.reader(f))
+    assert canvas[1][-1] == str(total) and len(canvas) == 2 + len(rows)
+    assert "not yet" in (out / "stub" / "feedback.html").read_text()
+
+
 def _real_class(lab: str, root: Path, solve) -> tuple[Path, dict[str, str]]:
     """Write the class of ``lab``; return the folder and, per student, what it is built from."""
     from ddtk.course import catalog
@@ -497,6 +550,7 @@ def test_a_generated_class_of_a_real_lab(
     # the hand-in the solution's run wrote is collected beside its results
     handin = json.loads((out / "solution" / f"{lab}-report.json").read_text())
     assert handin, handin
+    check_real_exports(lab, out, rows)
     if lab in PARAMETER_CHECKS:
         PARAMETER_CHECKS[lab](out, since)
     print(f"\n{lab}: {len(kinds)} students, {report['executions']} runs, {seconds:.0f} s")

@@ -57,6 +57,11 @@ def test_lab03_mutant_matrix_stub_fails_solution_passes_every_mutant_fails() -> 
         in words["saves checkpoints but never loads one"]
     )
     assert "a seeded log with lost commit planted" in words["answers for the one log it was shown"]
+    # the consistency checks are four functions, judged in parts: one wrong keeps 3/4 credit
+    assert "1 of 4 parts passed (world_schedule)" in words["answers for the one log it was shown"]
+    for variant in ("a restart from the last commit counted as lost",
+                    "duplicates counted across epochs", "the world size of a step's first execution"):  # fmt: skip
+        assert "3 of 4 parts passed" in words[variant], words[variant]
     elastic = {
         "never resumes from ray.train.get_checkpoint()": "did not resume from ray.train.get_checkpoint()",
         "restores the weights and the step, not the optimizer": "is the whole state restored?",

@@ -152,11 +152,34 @@ def test_grade_a_class_in_one_command(
         in json.loads((out / "nostudent.yaml.error" / "results.json").read_text())["error"]
     )
     # Output folders stay inside --out whatever the file is called.
-    assert sorted(p.name for p in out.iterdir() if p.is_file()) == ["grades.csv"]
-    # Hidden tests never reach any feedback.
-    everything = "".join(p.read_text() for p in out.rglob("results.json"))
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == ["canvas.csv", "grades.csv"]
+    # Hidden tests never reach any feedback, exported or not.
+    everything = "".join(p.read_text() for p in out.rglob("*") if p.is_file())
     assert "isclose" not in everything and "test_one_rank" not in everything
+    check_quiz_exports(out, rows, s01)
     assert "sample-quiz v2" in printed and "not graded" in printed
+
+
+def check_quiz_exports(out: Path, rows: list[dict[str, str]], s01: dict) -> None:
+    """Gradescope per student (a test per question, partial credit kept), Canvas, feedback."""
+    from test_gradebook import assert_gradescope_results
+
+    gs = json.loads((out / "s01" / "gradescope.json").read_text())
+    assert_gradescope_results(gs)
+    assert [t["number"] for t in gs["tests"]] == [q["id"] for q in s01["questions"]]
+    assert [Fraction(t["score"]).limit_denominator(1000) for t in gs["tests"]] == [
+        Fraction(q["score"]) for q in s01["questions"]]  # fmt: skip
+    for path in out.rglob("gradescope.json"):
+        assert_gradescope_results(json.loads(path.read_text()))
+    with open(out / "canvas.csv", newline="") as f:
+        canvas = list(csv.reader(f))
+    assert canvas[0][-1] == "Sample quiz for the grader tests" and canvas[1][-1] == "10"
+    assert len(canvas) == 2 + len({r["student"] for r in rows})  # s00's second file: one row
+    graded = {r["student"]: r["score"] for r in rows if r["status"] != "error"}
+    exported = {r[3]: Fraction(r[-1]).limit_denominator(1000) for r in canvas[2:]}
+    assert all(exported[s] == Fraction(v) for s, v in graded.items())
+    page = (out / "s01" / "feedback.html").read_text()
+    assert "s01" in page and "s02" not in page and "ring-bytes" in page
 
 
 def test_exit_codes(

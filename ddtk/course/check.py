@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 class Finding:
     """One problem found by :func:`check_repo`.
 
-    ``check`` is ``"outputs"``, ``"labs"``, ``"parameters"`` or ``"unreadable"``;
+    ``check`` is ``"outputs"``, ``"labs"``, ``"parameters"``, ``"points"`` or ``"unreadable"``;
     ``cell`` is the 0-based cell index when the problem is in one cell.
     """
 
@@ -135,6 +135,23 @@ def check_labs(root: Path) -> list[Finding]:
     ]
 
 
+def check_points(root: Path) -> list[Finding]:
+    """The ``points`` findings: a lab whose ``metadata.ddtk.points`` does not weigh every
+    exercise, or names one it does not have (what ``ddtk course grade`` would refuse)."""
+    from ddtk.course.grading.score import lab_checks, lab_points
+
+    findings = []
+    for path in sorted((root / "solutions").glob("lab*.ipynb")):
+        try:
+            solution = read_notebook(path)
+            if "points" not in solution.metadata.get("ddtk", {}):
+                continue  # one point per exercise: nothing to check
+            lab_points(solution, lab_checks(solution, path.name), path.name)
+        except NotebookError as exc:
+            findings.append(Finding("points", path, str(exc)))
+    return findings
+
+
 def _orphans_without_solutions(dst: Path) -> list[Finding]:
     return [
         Finding("labs", path, "orphan: there is no solutions/ directory to generate it from")
@@ -147,7 +164,7 @@ def check_repo(root: Path) -> list[Finding]:
     if not any((root / d).is_dir() for d in NOTEBOOK_DIRS):
         dirs = ", ".join(f"{d}/" for d in NOTEBOOK_DIRS)
         raise NotebookError(f"{root}: none of {dirs} exists; is this the course repository?")
-    return check_notebooks(root) + check_labs(root)
+    return check_notebooks(root) + check_labs(root) + check_points(root)
 
 
 def strip_paths(paths: Iterable[Path]) -> list[Path]:

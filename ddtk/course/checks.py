@@ -30,15 +30,79 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from fractions import Fraction
 from typing import Any
 
-__all__ = ["CheckFailed", "exercise", "expect", "keep_yours", "not_implemented_in", "stub_message"]
+__all__ = [
+    "CheckFailed", "Parts", "exercise", "expect", "keep_yours", "not_implemented_in", "stub_message",
+]  # fmt: skip
 
 _STUB_PREFIX = "Exercise "  # how every message of a generated stub starts (ddtk course build)
 
 
 class CheckFailed(AssertionError):
-    """A check cell found that an exercise does not do what it should; the message says why."""
+    """A check found that an exercise does not do what it should; the message says why.
+
+    ``credit`` is the share of the exercise's points the answer still earns (0 to 1,
+    below 1): a check in parts (:class:`Parts`) passes it on. The grader honours it only
+    from a judge's own process, never from a learner's kernel.
+    """
+
+    def __init__(self, message: str = "", *, credit: Fraction | int = 0) -> None:
+        super().__init__(message)
+        credit = Fraction(credit)
+        if not 0 <= credit < 1:
+            raise ValueError(f"credit is a share from 0 up to (not including) 1, got {credit}")
+        self.credit = credit
+
+
+class Parts:
+    """A check in named parts, for partial credit: every part runs, each failure is noted,
+    and :meth:`finish` raises one :class:`CheckFailed` whose ``credit`` is the share of
+    parts that passed.
+
+    >>> parts = Parts()
+    >>> with parts.part("sums"):
+    ...     expect(1 + 1 == 2, "1 + 1", expected=2, got=2)
+    >>> with parts.part("products"):
+    ...     expect(2 * 2 == 5, "2 * 2", expected=5, got=4)
+    >>> parts.finish()
+    Traceback (most recent call last):
+    ...
+    ddtk.course.checks.CheckFailed: 1 of 2 parts passed (sums); products: 2 * 2: expected 5, got 4
+    >>> parts.credit
+    Fraction(1, 2)
+    """
+
+    def __init__(self) -> None:
+        self.passed: list[str] = []
+        self.failed: list[tuple[str, str]] = []
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Run one part; a :class:`CheckFailed` inside it is noted, not raised."""
+        try:
+            yield
+        except CheckFailed as exc:
+            self.failed.append((name, str(exc)))
+        else:
+            self.passed.append(name)
+
+    @property
+    def credit(self) -> Fraction:
+        """The share of parts that passed."""
+        total = len(self.passed) + len(self.failed)
+        return Fraction(len(self.passed), total) if total else Fraction(0)
+
+    def finish(self) -> None:
+        """Raise :class:`CheckFailed` naming the failed parts, unless every part passed."""
+        if not self.failed:
+            return
+        total = len(self.passed) + len(self.failed)
+        kept = f" ({', '.join(self.passed)})" if self.passed else ""
+        why = "; ".join(f"{name}: {text}" for name, text in self.failed)
+        raise CheckFailed(f"{len(self.passed)} of {total} parts passed{kept}; {why}",
+                          credit=self.credit)  # fmt: skip
 
 
 def expect(condition: Any, what: str, *, expected: Any, got: Any) -> None:
@@ -120,7 +184,7 @@ def exercise(
     try:
         yield
     except CheckFailed as exc:
-        raise CheckFailed(f"{name}: {exc}") from None
+        raise CheckFailed(f"{name}: {exc}", credit=exc.credit) from None
     except Exception as exc:
         stub = not_implemented_in(exc)
         if stub is not None:

@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ddtk.gradebook import number
+from ddtk.gradebook.canvas import add_canvas_options
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -361,6 +364,61 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return lab.run(choices)
 
 
+# ---------------------------------------------------------------- release
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    """Write the class release; exit 2 when it cannot (OUT in the way, or a leak)."""
+    from ddtk.course.release import ReleaseError, make_release
+
+    try:
+        release = make_release(_root(args), Path(args.out), git=args.git)
+    except (ReleaseError, OSError) as exc:
+        return _error(str(exc))
+    console = _console()
+    console.print(f"wrote {release.out}: {len(release.files)} files, checked: no lab solution, "
+                  "quiz key or project reference in it", markup=False)  # fmt: skip
+    console.print(f"withheld (the grader keeps them): {', '.join(release.withheld)}", markup=False)
+    if release.git:
+        console.print(f"a git repository with one commit: git -C {release.out} remote add origin "
+                      f"URL && git -C {release.out} push -u origin main", markup=False)  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    """Collect a lab's notebooks from the learners' copies; exit 1 when someone handed in none."""
+    from ddtk.course import catalog
+    from ddtk.course.collect import CollectError, collect
+
+    try:
+        entry = catalog.find(args.lab)
+        if entry.kind != "lab":
+            raise CollectError(f"{args.lab!r} is not a lab")
+        got = collect(args.pattern, Path(entry.path).name, Path(args.out))
+    except (CollectError, ValueError, OSError) as exc:
+        return _error(str(exc))
+    console = _console()
+    console.print(f"collected {len(got.handed_in)} notebook(s) into {args.out}", markup=False)
+    for student in got.missing:
+        console.print(f"  {student}: no {Path(entry.path).name}", markup=False)
+    for what, why in sorted(got.refused.items()):
+        console.print(f"  refused {what}: {why}", markup=False)
+    return EXIT_FAILED if got.missing or got.refused else EXIT_OK
+
+
+def cmd_pull_link(args: argparse.Namespace) -> int:
+    """Print the nbgitpuller link for a hub and the class repository."""
+    from ddtk.course.hub import nbgitpuller_link
+
+    try:
+        link = nbgitpuller_link(args.hub, args.repo, branch=args.branch, path=args.open,
+                                target=args.target)  # fmt: skip
+    except ValueError as exc:
+        return _error(str(exc))
+    print(link)
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------- grade
 
 
@@ -403,15 +461,17 @@ def cmd_grade(args: argparse.Namespace) -> int:
     )
     from ddtk.course.grading.submissions import find_submissions
     from ddtk.course.notebooks import NotebookError
+    from ddtk.gradebook.canvas import RosterError, read_roster
 
     out, folder = Path(args.out), Path(args.submissions)
     try:
+        roster = read_roster(args.canvas_roster) if args.canvas_roster else None
         lab = _lab_solution(args.lab)
         parameters = run.parse_parameters(args.param or [])
         run.check_kernel()
         check_output_folder(out)
         total = len(find_submissions(folder, (out,)))
-    except (NotebookError, OSError, OutputFolderError) as exc:
+    except (NotebookError, OSError, OutputFolderError, RosterError) as exc:
         return _error(str(exc))
     if not total:
         return _error(f"no submissions (notebooks or student folders) in {folder}")
@@ -426,7 +486,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
             progress.advance(task, len(rows))
             for r in rows:
                 progress.console.print(
-                    f"{r.status:>5} {r.student} {r.score}/{r.max_score} ({r.seconds:.1f} s)",
+                    f"{r.status:>5} {r.student} {number(r.score)}/{number(r.max_score)} "
+                    f"({r.seconds:.1f} s)",
                     markup=False,
                 )
 
@@ -439,12 +500,18 @@ def cmd_grade(args: argparse.Namespace) -> int:
         except (NotebookError, OSError) as exc:
             return _error(str(exc))
     try:
-        write_results(result, out)
+        write_results(result, out, roster=roster, canvas_column=args.canvas_column)
     except (OSError, OutputFolderError) as exc:
         return _error(f"the results could not be written: {exc}")
     console = _console()
     console.print(summary_table(result))
-    console.print(f"results: {out}/<student>/results.json, {out}/grades.csv, {out}/results.json")
+    console.print(
+        f"results: {out}/results.json, {out}/grades.csv; for the LMS: {out}/canvas.csv and "
+        f"{out}/<student>/gradescope.json; for each student: {out}/<student>/feedback.html"
+    )
+    if (out / "canvas-unmatched.txt").exists():
+        console.print(f"not in the Canvas roster (left out of canvas.csv): "
+                      f"{out}/canvas-unmatched.txt", style="bold yellow")  # fmt: skip
     return result.exit_code
 
 
@@ -579,6 +646,33 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_root(p)
     p.set_defaults(func=cmd_lab)
 
+    p = sub.add_parser(
+        "release", help="write the learners' tree: no solutions, quiz key, project reference"
+    )
+    p.add_argument("out", metavar="OUT", help="a new (or empty) folder for the release")
+    p.add_argument("--git", action="store_true", help="make it a git repository, one commit")
+    _add_root(p)
+    p.set_defaults(func=cmd_release)
+
+    p = sub.add_parser("pull-link", help="the nbgitpuller link that gives a hub's learners the release")
+    p.add_argument("--hub", required=True, help="the JupyterHub's URL, e.g. https://hub.example.edu")
+    p.add_argument("--repo", required=True, help="the class repository's URL (the pushed release)")
+    p.add_argument("--branch", default="main", help="(default: %(default)s)")
+    from ddtk.course.hub import FIRST_NOTEBOOK
+
+    p.add_argument("--open", default=FIRST_NOTEBOOK, metavar="PATH",
+                   help="the notebook to open, relative to the repository (default: %(default)s)")  # fmt: skip
+    p.add_argument("--target", help="the folder in the learner's home (default: the repository's name)")
+    p.set_defaults(func=cmd_pull_link)
+
+    p = sub.add_parser("collect", help="copy a lab's notebooks out of the learners' copies")
+    p.add_argument("pattern", metavar="PATTERN",
+                   help="a glob of the learners' copies; its first wildcard names the student, "
+                   "e.g. '/home/*/dtas-2027'")  # fmt: skip
+    p.add_argument("lab", metavar="LAB", help="the lab's short name, e.g. lab01")
+    p.add_argument("--out", required=True, help="a new folder: OUT/<student>/ for each")
+    p.set_defaults(func=cmd_collect)
+
     p = sub.add_parser("grade", help="grade a class's lab notebooks by running them")
     p.add_argument("lab", metavar="LAB", help="lab short name (lab01) or solution notebook path")
     p.add_argument(
@@ -616,6 +710,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="keep each run in DIR and reuse a stored run of the same code, limits and "
         "environment (re-grading after a rubric fix; the tests use build/executed)",
     )
+    add_canvas_options(p)
     p.set_defaults(func=cmd_grade)
     return course
 

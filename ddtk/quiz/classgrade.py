@@ -42,7 +42,7 @@ from ddtk.quiz.model import Quiz
 from ddtk.quiz.source import load_key
 
 ANSWER_SUFFIXES = (".yaml", ".yml", ".json")
-OUTPUT_NAMES = ("results.json", "grades.csv")
+OUTPUT_NAMES = ("results.json", "grades.csv", "canvas.csv", "canvas-unmatched.txt")
 
 
 class ClassTally:
@@ -205,19 +205,67 @@ def _folder_name(r: StudentResult, used: set[str]) -> str:
     return name
 
 
-def write_results(result: ClassResult, out_dir: str | Path) -> list[Path]:
-    """Write ``out_dir/<student>/results.json`` for every row (``<name>.error/`` for a
-    file that could not be graded) and ``out_dir/grades.csv``; return the paths."""
+_QUIZ_STATUS = {"correct": "pass", "partial": "fail", "incorrect": "fail", "unanswered": "fail",
+                "invalid": "error"}  # fmt: skip
+_QUIZ_FIX = {
+    "partial": "Part of the answer earned points: the feedback says what the rest needs.",
+    "incorrect": "Read the feedback, then the lecture section it points to.",
+    "unanswered": "This question was not answered.",
+    "invalid": "The answer could not be read for this question's type: see the note.",
+}
+
+
+def quiz_grade(r: StudentResult, quiz: Quiz) -> Any:
+    """A student's result as a :class:`~ddtk.gradebook.Grade`, for the exports."""
+    from ddtk.gradebook import Grade, Item
+
+    items = tuple(
+        Item(q.id, q.id, q.score, q.max, _QUIZ_STATUS.get(q.status, "fail"),
+             q.note if q.status == "invalid" else q.feedback, _QUIZ_FIX.get(q.status, ""))
+        for q in r.questions
+    )  # fmt: skip
+    status = "error" if r.error else ("pass" if r.passed else "fail")
+    return Grade(r.student, quiz.id, quiz.title or quiz.id, r.max_score, status, items,
+                 r.error, tuple(r.warnings))  # fmt: skip
+
+
+def write_results(
+    result: ClassResult, out_dir: str | Path, *, roster: Sequence[dict[str, str]] | None = None,
+    canvas_column: str | None = None,
+) -> list[Path]:  # fmt: skip
+    """Write ``out_dir/<student>/results.json``, ``feedback.html`` and ``gradescope.json``
+    for every row (``<name>.error/`` for a file that could not be graded), and
+    ``out_dir/grades.csv`` and ``out_dir/canvas.csv`` (:mod:`ddtk.gradebook`: scores scaled
+    to the quiz's full points where students drew different questions); return the paths."""
+    from ddtk.gradebook.canvas import gradebook_csv
+    from ddtk.gradebook.feedback import feedback_html
+    from ddtk.gradebook.gradescope import results_json
     from ddtk.quiz.files import write_text
 
     out_dir = Path(out_dir)
     written, used = [], set()
     for r in result.results:
-        path = out_dir / _folder_name(r, used) / "results.json"
-        text = json.dumps(result_to_dict(r), indent=2, ensure_ascii=False) + "\n"
-        write_text(path, text, durable=False)
-        written.append(path)
+        folder = out_dir / _folder_name(r, used)
+        grade = quiz_grade(r, result.quiz)
+        for name, text in (
+            ("results.json", json.dumps(result_to_dict(r), indent=2, ensure_ascii=False) + "\n"),
+            ("feedback.html", feedback_html(grade)),
+            ("gradescope.json", json.dumps(results_json(grade), indent=2) + "\n"),
+        ):
+            write_text(folder / name, text, durable=False)
+            written.append(folder / name)
     written.append(write_grades_csv(result, out_dir / "grades.csv"))
+    grades = [quiz_grade(r, result.quiz) for r in result.results]
+    canvas, unknown = gradebook_csv(grades, canvas_column or result.quiz.title or result.quiz.id,
+                                    roster, result.quiz.max_score)  # fmt: skip
+    write_text(out_dir / "canvas.csv", canvas)
+    written.append(out_dir / "canvas.csv")
+    unmatched = out_dir / "canvas-unmatched.txt"
+    if unknown:
+        write_text(unmatched, "".join(f"{s}\n" for s in unknown))
+        written.append(unmatched)
+    elif unmatched.exists():
+        unmatched.unlink()
     return written
 
 

@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ddtk.gradebook.canvas import add_canvas_options
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_KEY = Path("solutions/quiz/module-quiz.key.json")
 
@@ -79,6 +81,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
+    from ddtk.gradebook.canvas import RosterError, read_roster
     from ddtk.quiz.classgrade import grade_class, summary_table, write_results
     from ddtk.quiz.model import QuizSourceError
     from ddtk.quiz.source import load_key
@@ -94,15 +97,24 @@ def _grade(args: argparse.Namespace) -> int:
         return _error(f"the key is not valid: {exc}")
     out = Path(args.out)
     try:
+        roster = read_roster(args.canvas_roster) if args.canvas_roster else None
         result = grade_class(quiz, args.answers, workers=args.workers, skip=[out, key])
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, RosterError) as exc:
         return _error(str(exc))
     if not result.results:
         return _error("no answers files (*.yaml, *.yml, *.json) found in " + " ".join(args.answers))
-    write_results(result, out)
+    write_results(result, out, roster=roster, canvas_column=args.canvas_column)
     console = _console()
     console.print(summary_table(result))
-    console.print(f"results: {out}/<student>/results.json, {out}/grades.csv", markup=False)
+    console.print(
+        f"results: {out}/<student>/results.json, {out}/grades.csv; for the LMS: "
+        f"{out}/canvas.csv and {out}/<student>/gradescope.json; for each student: "
+        f"{out}/<student>/feedback.html",
+        markup=False,
+    )
+    if (out / "canvas-unmatched.txt").exists():
+        console.print(f"not in the Canvas roster (left out of canvas.csv): "
+                      f"{out}/canvas-unmatched.txt", markup=False)  # fmt: skip
     return result.exit_code
 
 
@@ -150,6 +162,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--key", help=f"private key JSON (default: {DEFAULT_KEY})")
     p.add_argument("--out", default="quiz-results", help="output folder (default: quiz-results)")
     p.add_argument("--workers", type=int, default=None, help="parallel code runs (default: CPUs)")
+    add_canvas_options(p)
     p.set_defaults(func=_grade)
 
     p = sub.add_parser("selfcheck", help="check an answers file against the self-check file")

@@ -20,13 +20,21 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddtk.course.grading.jail import private_paths
 from ddtk.course.grading.restore import fingerprint, restore
 from ddtk.course.grading.sandbox import execute
-from ddtk.course.grading.score import CheckSpec, StudentResult, error_row, lab_checks, score_run
+from ddtk.course.grading.score import (
+    CheckSpec,
+    StudentResult,
+    error_row,
+    lab_checks,
+    lab_points,
+    score_run,
+)
 from ddtk.course.grading.submissions import Submission, find_submissions, load, notebook_title
 from ddtk.quiz.classgrade import ClassTally
 
@@ -42,11 +50,13 @@ DoneCallback = Callable[[list[StudentResult]], None]
 
 @dataclass
 class ClassResult(ClassTally):
-    """Every student's row (in name order), the lab, how many runs it took and how long."""
+    """Every student's row (in name order), the lab, how many runs it took and how long;
+    ``exercises``: the lab's ``(number, title, points)``, for rows with none (errors)."""
 
     lab: str
     title: str
     results: list[StudentResult] = field(default_factory=list)
+    exercises: list[tuple[int, str, Fraction]] = field(default_factory=list)
     executions: int = 0
     seconds: float = 0.0
 
@@ -82,11 +92,12 @@ def _judged(
 
 
 def _rows(
-    group: _Group, specs: list[CheckSpec], run: Any, judged: dict[int, Any]
-) -> list[StudentResult]:
+    group: _Group, specs: list[CheckSpec], run: Any, judged: dict[int, Any],
+    points: dict[int, Fraction],
+) -> list[StudentResult]:  # fmt: skip
     rows = []
     for sub, notes in group.members:
-        row = score_run(sub.student, str(sub.path), specs, run, notes, judged)
+        row = score_run(sub.student, str(sub.path), specs, run, notes, judged, points)
         # for the instructor's class report only: a student's own results never name another
         row.same_as = [s for s in group.students if s != sub.student]
         rows.append(row)
@@ -95,7 +106,7 @@ def _rows(
 
 def _group(
     subs: list[Submission], solution: NotebookNode, specs: list[CheckSpec],
-    parameters: Mapping[str, Any], lab: Path,
+    parameters: Mapping[str, Any], lab: Path, points: dict[int, Fraction],
 ) -> tuple[list[StudentResult], list[_Group]]:  # fmt: skip
     """Error rows for unusable submissions, and the runnable ones grouped by fingerprint."""
     errors: list[StudentResult] = []
@@ -106,12 +117,13 @@ def _group(
             reason = (
                 f"a second submission for {sub.student!r} (also {seen[sub.student]}); not graded"
             )
-            errors.append(error_row(sub.student, str(sub.path), specs, reason))
+            errors.append(error_row(sub.student, str(sub.path), specs, reason, points))
             continue
         seen[sub.student] = sub.path
         load(sub, solution, lab)
         if sub.notebook is None:
-            errors.append(error_row(sub.student, str(sub.path), specs, sub.error or "unreadable"))
+            why = sub.error or "unreadable"
+            errors.append(error_row(sub.student, str(sub.path), specs, why, points))
             continue
         restored = restore(sub.notebook, solution, parameters)
         key = fingerprint(restored.notebook)
@@ -144,10 +156,12 @@ def grade_lab(
     started = time.perf_counter()
     solution = read_notebook(lab)
     specs = lab_checks(solution, str(lab))
+    points = lab_points(solution, specs, str(lab))
     subs = find_submissions(submissions, skip)
     hide = private_paths(lab.parent, submissions, *skip)
-    errors, groups = _group(subs, solution, specs, dict(parameters or {}), lab)
+    errors, groups = _group(subs, solution, specs, dict(parameters or {}), lab, points)
     result = ClassResult(lab.stem, notebook_title(solution) or lab.stem, executions=len(groups))
+    result.exercises = [(n, t, points[n]) for s in specs for n, t in s.exercises]
     if on_done is not None and errors:
         on_done(errors)
 
@@ -166,7 +180,7 @@ def grade_lab(
             run = cache.sandboxed(group.notebook, **limits, hide=hide)
         else:
             run = execute(group.notebook, **limits, hide=hide)
-        rows = _rows(group, specs, run, judging.result())
+        rows = _rows(group, specs, run, judging.result(), points)
         if on_done is not None:
             on_done(rows)
         return rows

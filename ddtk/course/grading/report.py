@@ -6,6 +6,14 @@
     notebook ran,
     ``OUT/<student>/<lab>.executed.ipynb``, the notebook as graded with its outputs, and
     the hand-in files the run wrote (``labNN-report.md`` and ``labNN-report.json``).
+``OUT/<student>/feedback.html``
+    the student's page: each exercise's verdict, points, the check's message and what
+    to fix (:mod:`ddtk.gradebook.feedback`);
+``OUT/<student>/gradescope.json``
+    the same grade in Gradescope's autograder ``results.json`` format;
+``OUT/canvas.csv``
+    the class as a Canvas gradebook import (:mod:`ddtk.gradebook.canvas`), matched to
+    the roster when Canvas's own export is given;
 ``OUT/grades.csv``
     one row per student, the columns of ``ddtk quiz grade``'s. Safe to open in a
     spreadsheet: a cell that would start a formula (``=``, ``+``, ``-``, ``@``) is quoted
@@ -29,13 +37,16 @@ import csv
 import io
 import json
 import re
+from collections.abc import Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from ddtk.course.grading.classgrade import ClassResult
 from ddtk.course.grading.score import StudentResult
+from ddtk.gradebook import Grade, Item, fix_for, number
 
-OUTPUT_NAMES = ("results.json", "grades.csv")
+OUTPUT_NAMES = ("results.json", "grades.csv", "canvas.csv", "canvas-unmatched.txt")
 
 
 MARK = ".ddtk-grade"  # names a folder that ddtk course grade wrote
@@ -53,15 +64,16 @@ def student_dict(r: StudentResult, lab: str, *, instructor: bool = False) -> dic
         "lab": lab,
         "file": r.file,
         "status": r.status,
-        "score": r.score,
-        "max_score": r.max_score,
+        "score": number(r.score),
+        "max_score": number(r.max_score),
         "percent": round(r.percent, 2),
         "passed": r.passed,
         "error": r.error,
         "notes": list(r.notes),
         "seconds": round(r.seconds, 2),
         "exercises": [
-            {"number": e.number, "title": e.title, "status": e.status, "message": e.message}
+            {"number": e.number, "title": e.title, "status": e.status, "message": e.message,
+             "points": number(e.points), "earned": number(e.earned)}
             for e in r.exercises
         ],
     }
@@ -103,10 +115,26 @@ def grades_csv_text(result: ClassResult) -> str:
         ["student", "score", "max_score", "percent", "passed", "status", "file", "error"]
     )
     for r in result.results:
-        row = [r.student, r.score, r.max_score, f"{r.percent:.2f}", str(r.passed).lower(),
+        row = [r.student, number(r.score), number(r.max_score), f"{r.percent:.2f}", str(r.passed).lower(),
                r.status, r.file, r.error or ""]  # fmt: skip
         writer.writerow([spreadsheet_safe(v) for v in row])
     return buf.getvalue()
+
+
+def lab_grade(r: StudentResult, result: ClassResult) -> Grade:
+    """A student's row as a :class:`~ddtk.gradebook.Grade`, for the exports. A row that
+    could not be run lists every exercise of the lab, unearned, with the reason."""
+    items = [
+        Item(str(e.number), e.title, e.earned, e.points, e.status, e.message,
+             fix_for(e.status, e.message))
+        for e in r.exercises
+    ]  # fmt: skip
+    if not items:
+        why = f"not graded: {r.error}" if r.error else "not graded"
+        items = [Item(str(n), t, Fraction(0), p, "error", why, fix_for("error", why))
+                 for n, t, p in result.exercises]  # fmt: skip
+    return Grade(r.student, result.lab, result.title, r.max_score, r.status, tuple(items),
+                 r.error, tuple(r.notes), r.seconds)  # fmt: skip
 
 
 def _folder_name(student: str, used: set[str]) -> str:
@@ -136,9 +164,14 @@ def check_output_folder(out_dir: Path) -> None:
     _check_out(out_dir)
 
 
-def _write_tree(result: ClassResult, root: Path) -> list[str]:
+def _write_tree(
+    result: ClassResult, root: Path, roster: Sequence[dict[str, str]] | None, column: str | None
+) -> list[str]:
     """Every output file under ``root`` (a new, empty folder); return their relative paths."""
     from ddtk.course.notebooks import dumps_notebook
+    from ddtk.gradebook.canvas import gradebook_csv
+    from ddtk.gradebook.feedback import feedback_html
+    from ddtk.gradebook.gradescope import results_json
 
     written: list[str] = []
 
@@ -155,18 +188,34 @@ def _write_tree(result: ClassResult, root: Path) -> list[str]:
             f"{folder}/results.json",
             json.dumps(student_dict(r, result.lab), indent=2, ensure_ascii=False) + "\n",
         )
+        grade = lab_grade(r, result)
+        put(f"{folder}/feedback.html", feedback_html(grade))
+        put(f"{folder}/gradescope.json", json.dumps(results_json(grade), indent=2) + "\n")
         if r.executed is not None:
             put(f"{folder}/{result.lab}.executed.ipynb", dumps_notebook(r.executed))
         for name, data in r.handin.items():  # the hand-in report the run wrote
             put(f"{folder}/{Path(name).name}", data.decode("utf-8", "replace"))
     put("grades.csv", grades_csv_text(result))
+    canvas, unknown = gradebook_csv([lab_grade(r, result) for r in result.results],
+                                    column or result.title, roster)  # fmt: skip
+    put("canvas.csv", canvas)
+    if unknown:
+        put("canvas-unmatched.txt", "".join(f"{s}\n" for s in unknown))
     put("results.json", json.dumps(class_dict(result), indent=2, ensure_ascii=False) + "\n")
     put(MARK, "written by ddtk course grade; replaced whole on every grading\n")
     return written
 
 
-def write_results(result: ClassResult, out_dir: Path) -> list[Path]:
-    """Write every output file (see the module docstring) as ``out_dir``; return their paths."""
+def write_results(
+    result: ClassResult, out_dir: Path, *, roster: Sequence[dict[str, str]] | None = None,
+    canvas_column: str | None = None,
+) -> list[Path]:  # fmt: skip
+    """Write every output file (see the module docstring) as ``out_dir``; return their paths.
+
+    ``roster``: Canvas's gradebook export (:func:`ddtk.gradebook.canvas.read_roster`);
+    students it does not know are left out of ``canvas.csv`` and listed in
+    ``canvas-unmatched.txt``. ``canvas_column``: the assignment's Canvas header (default:
+    the lab's title)."""
     import shutil
     import tempfile
 
@@ -174,7 +223,7 @@ def write_results(result: ClassResult, out_dir: Path) -> list[Path]:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.new-", dir=out_dir.parent))
     try:
-        written = _write_tree(result, stage)
+        written = _write_tree(result, stage, roster, canvas_column)
         stage.chmod(0o755)
         old = None
         if out_dir.exists():
@@ -222,13 +271,13 @@ def summary_table(result: ClassResult) -> Any:
     styles = {"pass": "green", "fail": "bold red", "error": "bold yellow"}
     for r in result.results:
         table.add_row(
-            escape(r.student), f"{r.score}/{r.max_score}", f"{r.percent:.0f}",
+            escape(r.student), f"{number(r.score)}/{number(r.max_score)}", f"{r.percent:.0f}",
             f"[{styles[r.status]}]{r.status}[/]", _marks(r), escape(_note(r)),
         )  # fmt: skip
     return table
 
 
 __all__ = [
-    "MARK", "OutputFolderError", "check_output_folder", "class_dict", "grades_csv_text",
+    "MARK", "OutputFolderError", "check_output_folder", "class_dict", "grades_csv_text", "lab_grade",
     "shared_code", "spreadsheet_safe", "student_dict", "summary_table", "write_results",
 ]  # fmt: skip

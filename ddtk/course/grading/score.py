@@ -10,7 +10,10 @@ by the next check cell (:func:`ddtk.course.labcheck.plan`). A check cell's outco
 - ``error``: it raised anything else (``NameError: ...``), or it never ran because the
   run stopped before it (time limit, dead kernel).
 
-The score is the number of exercises whose check passed, out of all exercises. A
+Each exercise is worth the points the solution notebook gives it (:func:`lab_points`:
+``metadata.ddtk.points``, by exercise title; 1 each where the lab gives none). A passed
+exercise earns its points; a failed one earns nothing, unless a judge (never the
+learner's kernel) found part of it right: then ``credit`` is the share it earns. A
 student's status is ``pass`` when every exercise passed, ``fail`` otherwise, and
 ``error`` when the notebook could not be graded (a bad file, a time-out, a dead kernel;
 checks that ran before the run stopped are still listed).
@@ -19,7 +22,8 @@ checks that ran before the run stopped are still listed).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from ddtk.course.build import _stub_code
@@ -43,12 +47,22 @@ class CheckSpec:
 
 @dataclass(frozen=True)
 class ExerciseResult:
-    """One exercise of one student: ``pass``, ``fail`` or ``error``, with the check's message."""
+    """One exercise of one student: ``pass``, ``fail`` or ``error``, with the check's message;
+    ``credit``: the share of the points a failed exercise still earns (a judge's parts)."""
 
     number: int
     title: str
     status: str
     message: str = ""
+    credit: Fraction = Fraction(0)
+    points: Fraction = Fraction(1)
+
+    @property
+    def earned(self) -> Fraction:
+        """The points this exercise earns."""
+        if self.status == "pass":
+            return self.points
+        return self.points * self.credit if self.status == "fail" else Fraction(0)
 
 
 @dataclass
@@ -58,7 +72,7 @@ class StudentResult:
     student: str
     file: str
     status: str
-    max_score: int
+    max_score: Fraction
     exercises: list[ExerciseResult] = field(default_factory=list)
     seconds: float = 0.0
     error: str | None = None
@@ -68,12 +82,12 @@ class StudentResult:
     handin: dict[str, bytes] = field(default_factory=dict, repr=False)  # the report it wrote
 
     @property
-    def score(self) -> int:
-        return sum(e.status == "pass" for e in self.exercises)
+    def score(self) -> Fraction:
+        return sum((e.earned for e in self.exercises), Fraction(0))
 
     @property
     def percent(self) -> float:
-        return 100.0 * self.score / self.max_score if self.max_score else 0.0
+        return float(100 * self.score / self.max_score) if self.max_score else 0.0
 
     @property
     def passed(self) -> bool:
@@ -103,6 +117,41 @@ def lab_checks(solution: NotebookNode, name: str = "<solution>") -> list[CheckSp
     if not specs:
         raise NotebookError(f"{name}: no check cells (tagged '{CHECK_TAG}'): nothing to grade")
     return specs
+
+
+def lab_points(solution: NotebookNode, specs: list[CheckSpec], name: str = "<solution>") -> dict[int, Fraction]:
+    """Each exercise's points, by number, from the solution's ``metadata.ddtk.points``
+    (``{exercise title: points}``); 1 each when the lab gives none.
+
+    Raises :class:`~ddtk.course.notebooks.NotebookError` for a map that misses an
+    exercise, names one the lab does not have, or gives points that are not positive.
+    """
+    from ddtk.course.notebooks import NotebookError
+
+    titles = {number: title for s in specs for number, title in s.exercises}
+    given = solution.get("metadata", {}).get("ddtk", {}).get("points")
+    if given is None:
+        return {number: Fraction(1) for number in titles}
+    if not isinstance(given, dict):
+        raise NotebookError(f"{name}: metadata.ddtk.points must map exercise titles to points")
+    unknown = sorted(set(given) - set(titles.values()))
+    missing = [t for t in titles.values() if t not in given]
+    if unknown or missing:
+        parts = [f"names no exercise: {', '.join(map(repr, unknown))}"] if unknown else []
+        parts += [f"gives no points to: {', '.join(map(repr, missing))}"] if missing else []
+        raise NotebookError(f"{name}: metadata.ddtk.points " + "; ".join(parts))
+    points = {}
+    for number, title in titles.items():
+        value = given[title]
+        try:
+            points[number] = Fraction(str(value))
+        except (ValueError, ZeroDivisionError):
+            points[number] = Fraction(-1)
+        if isinstance(value, bool) or points[number] <= 0:
+            raise NotebookError(
+                f"{name}: metadata.ddtk.points gives {title!r} {value!r}; points are a number > 0"
+            )
+    return points
 
 
 def check_outcome(cell: NotebookNode, ran: bool, why_not: str | None) -> tuple[str, str]:
@@ -136,18 +185,18 @@ def exercise_results(specs: list[CheckSpec], run: Execution) -> list[ExerciseRes
 
 def score_run(
     student: str, file: str, specs: list[CheckSpec], run: Execution, notes: list[str],
-    judged: Mapping[int, Any] | None = None,
+    judged: Mapping[int, Any] | None = None, points: Mapping[int, Fraction] | None = None,
 ) -> StudentResult:  # fmt: skip
     """A student's row from a finished run; ``judged`` (number -> verdict) replaces the
-    kernel's check outcome of the exercises judged outside it (:mod:`ddtk.course.judging`)."""
+    kernel's check outcome of the exercises judged outside it (:mod:`ddtk.course.judging`);
+    ``points`` (number -> points, :func:`lab_points`) weighs them, 1 each by default."""
     exercises = exercise_results(specs, run)
-    if judged:
-        exercises = [
-            ExerciseResult(e.number, e.title, judged[e.number].status, judged[e.number].message)
-            if e.number in judged else e
-            for e in exercises
-        ]  # fmt: skip
-    total = sum(len(s.exercises) for s in specs)
+    if judged:  # only a judge's verdict carries partial credit: the kernel's never does
+        exercises = [replace(judged[e.number], title=e.title) if e.number in judged else e
+                     for e in exercises]  # fmt: skip
+    points = points or {}
+    exercises = [replace(e, points=points.get(e.number, Fraction(1))) for e in exercises]
+    total = sum((points.get(n, Fraction(1)) for s in specs for n, _t in s.exercises), Fraction(0))
     if run.status != "completed":
         status, error = "error", run.reason
     else:
@@ -159,9 +208,13 @@ def score_run(
     )  # fmt: skip
 
 
-def error_row(student: str, file: str, specs: list[CheckSpec], reason: str) -> StudentResult:
+def error_row(
+    student: str, file: str, specs: list[CheckSpec], reason: str,
+    points: Mapping[int, Fraction] | None = None,
+) -> StudentResult:  # fmt: skip
     """A row for a submission that could not be graded at all."""
-    total = sum(len(s.exercises) for s in specs)
+    points = points or {}
+    total = sum((points.get(n, Fraction(1)) for s in specs for n, _t in s.exercises), Fraction(0))
     return StudentResult(student, file, "error", total, error=reason)
 
 
@@ -173,5 +226,6 @@ __all__ = [
     "error_row",
     "exercise_results",
     "lab_checks",
+    "lab_points",
     "score_run",
 ]

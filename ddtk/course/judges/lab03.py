@@ -60,7 +60,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ddtk.course.checks import CheckFailed, expect
+from ddtk.course.checks import CheckFailed, Parts, expect
 from ddtk.course.judges.lab01 import _install_ray_stand_in, _Observer, _plain, _rank_failure
 from ddtk.course.judging import Context, Exercise, LabJudge, check_here
 
@@ -971,18 +971,21 @@ def check_consistency(ctx: Context) -> None:
     plants = [None, None, "lost commit", "duplicate sample", "disagreeing rank"]
     logs = [synthetic_log(rng, spe, p) for p in plants]
     got = ctx.worker().probe(f"{_P}:probe_consistency", logs=logs, steps_per_epoch=spe)
-    for plant, log, found in zip(plants, logs, got):
-        want = expected_findings(log, spe)
-        what = (
-            f"a seeded log with {plant} planted"
-            if plant
-            else "a seeded clean log (a run you have not seen)"
-        )
-        for key, name in (("lost", "lost_committed_steps"), ("dups", "duplicate_samples"),
-                          ("disagree", "rank_disagreements"), ("schedule", "world_schedule")):  # fmt: skip
-            value = [list(v) if isinstance(v, tuple) else v for v in found[key]]
-            if value != want[key]:
-                raise CheckFailed(f"{name} on {what}: expected {want[key][:5]}, got {value[:5]}")
+    wants = [expected_findings(log, spe) for log in logs]
+    parts = Parts()  # four functions, four parts: each one right earns its share
+    for key, name in (("lost", "lost_committed_steps"), ("dups", "duplicate_samples"),
+                      ("disagree", "rank_disagreements"), ("schedule", "world_schedule")):  # fmt: skip
+        with parts.part(name):
+            for plant, want, found in zip(plants, wants, got):
+                what = (
+                    f"a seeded log with {plant} planted"
+                    if plant
+                    else "a seeded clean log (a run you have not seen)"
+                )
+                value = [list(v) if isinstance(v, tuple) else v for v in found[key]]
+                if value != want[key]:
+                    raise CheckFailed(f"on {what}: expected {want[key][:5]}, got {value[:5]}")
+    parts.finish()
 
 
 JUDGE = LabJudge(

@@ -150,8 +150,8 @@ def _verdict(exercise: Exercise, ctx: Context) -> Verdict:
         exercise.check(ctx)
     except StillStub as exc:
         return Verdict(exercise.number, exercise.title, "fail", f"{name} is not done yet: {exc}")
-    except CheckFailed as exc:
-        return Verdict(exercise.number, exercise.title, "fail", f"{name}: {exc}")
+    except CheckFailed as exc:  # a check in parts passes on the share that passed
+        return Verdict(exercise.number, exercise.title, "fail", f"{name}: {exc}", exc.credit)
     except LearnerError as exc:
         return Verdict(exercise.number, exercise.title, "fail", f"{name}: your code raised {exc}")
     finally:
