@@ -12,7 +12,7 @@ Each test belongs to a **group** that one worker runs whole, in collection order
   ``tests/test_notebooks.py``); ``tests/test_recovery_ray.py`` shares one session
   between its module's tests;
 - lab 02's and lab 04's graded classes and tests are a group each, for the same reading
-  back; the rest of ``tests/test_course_grade.py`` (a tiny lab's rules and class) starts
+  back (with the instructor's flow of ``tests/test_release.py``, which grades lab 04); the rest of ``tests/test_course_grade.py`` (a tiny lab's rules and class) starts
   no Ray and is a group of its own, off the Ray group, which bounds the suite's time;
 - lab 02's group (``AFTER_RAY``) starts only once the Ray group has finished, unless
   nothing else is left to run, and then before any other group: its four Horovod
@@ -49,6 +49,10 @@ RAY_FILES = frozenset({
     "course/02-ray.ipynb", "course/appendix/02-optuna.ipynb", "course/06-fault-tolerance.ipynb",
 })  # fmt: skip
 LAB_GROUPS = {"tests/test_lab02.py": "lab02", "tests/test_lab04.py": "lab04"}
+# single tests that grade a real lab: they go after its class, whose runs they read back
+GRADES_A_LAB = {
+    "tests/test_release.py::test_the_instructors_flow_release_collect_grade_export": "lab04",
+}
 AFTER_RAY = frozenset({"lab02"})  # groups that wait for the Ray group to finish
 GRADE_FILE = "tests/test_course_grade.py"  # its real-lab classes go with their labs' tests
 RAY_LABS = ("lab01", "lab03")  # the labs whose runs start Ray clusters
@@ -62,6 +66,8 @@ EXCLUSIVE_PREFIX = "exclusive:"
 def group_of(nodeid: str) -> str:
     """The group of the test ``nodeid`` (see the module docstring)."""
     path = nodeid.split("::", 1)[0]
+    if nodeid in GRADES_A_LAB:
+        return GRADES_A_LAB[nodeid]
     if path == GRADE_FILE:
         for lab in LAB_GROUPS.values():
             if f"[{lab}]" in nodeid:
