@@ -6,14 +6,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ddtk-installed
 BUILD_DEPS := $(VENV)/.ddtk-build-deps
-EXTRAS ?= ray,course,dev,horovod,deepspeed,tensorflow,profiling
+EXTRAS ?= ray,course,dev,horovod,deepspeed,tensorflow,profiling,book
 PYTEST_ARGS ?=
 # pytest-xdist workers: 2 overlaps tests that wait with tests that compute, in the groups
 # of tests/scheduling.py; 0 runs every test in this process, in order
 TEST_JOBS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help lab test course horovod horovod-wheel debs browser venv lint bench lock clean
+.PHONY: help lab test course book horovod horovod-wheel debs browser venv lint bench lock clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -62,7 +62,13 @@ test: ## run the whole test suite, notebooks and the browser test included (FRES
 	$(BIN)/python -m compileall -q -j 0 ddtk tests >/dev/null
 	@# build/executed/ keeps executed notebooks by code, parameters and environment (ddtk/course/executions.py)
 	@if [ -n "$(FRESH)" ]; then rm -rf build/executed; fi
-	DDTK_REQUIRE=horovod,browser,shellcheck,netns,iperf3 $(BIN)/python -m pytest -n $(TEST_JOBS) tests course --nbval-lax --durations=25 $(PYTEST_ARGS)
+	DDTK_REQUIRE=horovod,browser,shellcheck,netns,iperf3 $(BIN)/python -m pytest -n $(TEST_JOBS) tests course --ignore=tests/site --nbval-lax --durations=25 $(PYTEST_ARGS)
+	@# the course site, from the notebooks the run above executed (build/executed/notebooks), and its test
+	$(BIN)/ddtk course book
+	DDTK_REQUIRE=browser,book DDTK_TEST_TIMES=build/test-times-site.json $(BIN)/python -m pytest tests/site $(PYTEST_ARGS)
+
+book: venv ## the course site in build/book/_build/html, from the notebooks make test executed
+	$(BIN)/ddtk course book
 
 course: venv ## execute every notebook headless into build/executed/
 	$(BIN)/ddtk course run

@@ -6,6 +6,10 @@ cell by cell have no test of their own after their last cell, so this hook check
 once at the end: a ``raylet`` or ``gcs_server`` started during the session and still
 alive 30 s after the last test fails the run, and is killed.
 
+Each notebook nbval runs is also kept as executed, outputs and all, in
+``build/executed/notebooks/`` (:mod:`ddtk.course.executed`): the course site is built
+from those, so no notebook runs twice.
+
 Every run also writes ``build/test-times.json``: the suite's wall-clock total, the
 outcome counts and the 25 slowest tests (setup, call and teardown together), so that a
 slower suite shows in the next comparison (``DDTK_TEST_TIMES`` names another file).
@@ -21,6 +25,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +52,25 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _outcomes[report.nodeid] = "skipped"
     elif report.when == "call":
         _outcomes.setdefault(report.nodeid, "passed")
+
+
+_capture: Any = None  # ddtk.course.executed.Capture, made at the first notebook cell
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """Keep each nbval cell's outputs; the notebook is written when its last cell has run."""
+    yield
+    notebook = getattr(getattr(item, "parent", None), "nb", None)
+    if call.when != "call" or notebook is None or not hasattr(item, "cell_num"):
+        return
+    global _capture
+    if _capture is None:
+        from ddtk.course.executed import Capture
+
+        _capture = Capture(_ROOT)
+    outputs = getattr(item, "test_outputs", None)
+    _capture.add(Path(str(item.path)), notebook, item.cell_num, outputs, call.duration)
 
 
 def write_test_times(path: Path, total_s: float, exitstatus: int) -> dict:

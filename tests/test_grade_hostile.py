@@ -208,9 +208,12 @@ def test_the_output_folder_holds_only_what_the_grader_wrote(tmp_path: Path) -> N
     assert sorted(p.name for p in out.iterdir()) == [
         ".ddtk-grade",
         "ann",
+        "canvas.csv",
         "grades.csv",
         "results.json",
     ]
+    assert sorted(p.name for p in (out / "ann").iterdir()) == [
+        "feedback.html", "gradescope.json", "lab99-tiny.executed.ipynb", "results.json"]  # fmt: skip
     assert json.loads((out / "results.json").read_text())["counts"]["pass"] == 1
 
 

@@ -105,6 +105,18 @@ NOTEBOOKS: tuple[NotebookEntry, ...] = (
 )
 
 
+START_HERE: tuple[str, ...] = (
+    "01", "02", "02-optuna", "lab01", "03", "04", "lab02", "05", "06", "lab03", "07", "lab04",
+    "quiz",
+)  # fmt: skip
+"""The order to take the notebooks in (README's "Start here"): each uses what came before."""
+
+
+def in_course_order() -> list[NotebookEntry]:
+    """Every notebook, in :data:`START_HERE` order."""
+    return [find(name) for name in START_HERE]
+
+
 def available() -> list[NotebookEntry]:
     """Notebooks that exist in this checkout, in course order."""
     return [nb for nb in NOTEBOOKS if nb.exists]

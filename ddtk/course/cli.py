@@ -406,6 +406,23 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return EXIT_FAILED if got.missing or got.refused else EXIT_OK
 
 
+def cmd_book(args: argparse.Namespace) -> int:
+    """Build the course site from the executed notebooks; exit 2 when it cannot."""
+    from ddtk.course.book import BOOK_OUT, BookError, build
+
+    root = _root(args)
+    out = Path(args.out) if args.out else root / BOOK_OUT
+    try:
+        with _progress() as progress:
+            progress.add_task("building the course site (Jupyter Book)", total=None)
+            index = build(root, out)
+    except (BookError, OSError) as exc:
+        return _error(str(exc))
+    _console().print(f"the course site: {index} (open it in a browser; publish the folder "
+                     f"{index.parent} on any static host)", markup=False)  # fmt: skip
+    return EXIT_OK
+
+
 def cmd_pull_link(args: argparse.Namespace) -> int:
     """Print the nbgitpuller link for a hub and the class repository."""
     from ddtk.course.hub import nbgitpuller_link
@@ -654,16 +671,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_root(p)
     p.set_defaults(func=cmd_release)
 
-    p = sub.add_parser("pull-link", help="the nbgitpuller link that gives a hub's learners the release")
-    p.add_argument("--hub", required=True, help="the JupyterHub's URL, e.g. https://hub.example.edu")
+    p = sub.add_parser(
+        "pull-link", help="the nbgitpuller link that gives a hub's learners the release"
+    )
+    p.add_argument(
+        "--hub", required=True, help="the JupyterHub's URL, e.g. https://hub.example.edu"
+    )
     p.add_argument("--repo", required=True, help="the class repository's URL (the pushed release)")
     p.add_argument("--branch", default="main", help="(default: %(default)s)")
     from ddtk.course.hub import FIRST_NOTEBOOK
 
     p.add_argument("--open", default=FIRST_NOTEBOOK, metavar="PATH",
                    help="the notebook to open, relative to the repository (default: %(default)s)")  # fmt: skip
-    p.add_argument("--target", help="the folder in the learner's home (default: the repository's name)")
+    p.add_argument(
+        "--target", help="the folder in the learner's home (default: the repository's name)"
+    )
     p.set_defaults(func=cmd_pull_link)
+
+    p = sub.add_parser("book", help="build the course site from the notebooks make test executed")
+    p.add_argument("--out", help="output folder (default: build/book; the site is OUT/_build/html)")
+    _add_root(p)
+    p.set_defaults(func=cmd_book)
 
     p = sub.add_parser("collect", help="copy a lab's notebooks out of the learners' copies")
     p.add_argument("pattern", metavar="PATTERN",

@@ -63,7 +63,9 @@ _IMPORT = re.compile(r"^(import \S|from \S+ import )")
 
 
 def _distinctive(lines: Iterable[str], public: str) -> set[str]:
-    """The lines worth looking for: long, not imports, nowhere in the ``public`` text."""
+    """The lines worth looking for: long, not imports, nowhere in the ``public`` text
+    (read without markdown's backticks, so code quoted in prose counts as shown)."""
+    public = public + "\n" + public.replace("`", "")
     return {
         s for s in (x.strip() for x in lines)
         if len(s) >= MIN_CHARS and s not in public and not _IMPORT.match(s)
@@ -131,13 +133,40 @@ def _files(folder: Path) -> Iterator[Path]:
         yield from (p for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink())
 
 
+_TAG = re.compile(r"<[^>]+>")
+
+
 def _file_text(path: Path) -> str:
-    """The file's text, and a notebook's cell sources as written (not JSON-escaped)."""
+    """The file's text; a notebook's cell sources as written (not JSON-escaped); a web
+    page's text without its tags (highlighted code keeps its spacing between them)."""
+    import html
+
     try:
         text = path.read_text(encoding="utf-8")
-        return text + "\n" + "\n".join(_cell_sources(path)) if path.suffix == ".ipynb" else text
+        if path.suffix == ".ipynb":
+            return text + "\n" + "\n".join(_cell_sources(path))
+        if path.suffix in (".html", ".htm"):
+            return html.unescape(_TAG.sub("", text))
+        return text
     except (UnicodeDecodeError, json.JSONDecodeError):
         return ""  # a binary file (an image): no text to copy a line into
+
+
+def lecture_answer_secrets(root: Path) -> set[str]:
+    """The distinctive lines of the lectures' collapsed answers (which a lecture notebook
+    ships, but the course site must not show), less what the lecture shows elsewhere."""
+    from ddtk.course.answers import answer_code, is_answer_cell
+
+    secrets: set[str] = set()
+    for path in sorted((root / "course").rglob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
+        shown = "\n".join(
+            "".join(c["source"]) if isinstance(c.get("source"), list) else c.get("source", "")
+            for c in cells if not is_answer_cell(c)
+        )  # fmt: skip
+        answers = [ln for c in cells if is_answer_cell(c) for ln in answer_code(c).splitlines()]
+        secrets |= _distinctive(answers, shown)
+    return secrets
 
 
 def _quiz_fields(path: Path, rel: str) -> list[Leak]:
@@ -157,14 +186,17 @@ def _quiz_fields(path: Path, rel: str) -> list[Leak]:
     ]
 
 
-def find_leaks(kit: Path, tree: Path) -> list[Leak]:
-    """Every secret of the kit at ``kit`` that the tree at ``tree`` holds, file by file."""
+def find_leaks(kit: Path, tree: Path, *, lecture_answers: bool = False) -> list[Leak]:
+    """Every secret of the kit at ``kit`` that the tree at ``tree`` holds, file by file;
+    ``lecture_answers``: the lectures' collapsed answers count as secrets too (a site)."""
     allowed = allowed_lines(kit)
     kinds = {
         "lab solution": lab_secrets(kit) - allowed,
         "quiz key": quiz_secrets(kit) - allowed,
         "project reference": project_secrets(kit) - allowed,
     }
+    if lecture_answers:
+        kinds["lecture answer"] = lecture_answer_secrets(kit) - allowed
     leaks: list[Leak] = []
     for path in _files(tree):
         rel = path.relative_to(tree).as_posix()
@@ -180,6 +212,6 @@ def find_leaks(kit: Path, tree: Path) -> list[Leak]:
 
 
 __all__ = [
-    "ALLOWED", "MIN_CHARS", "Leak", "allowed_lines", "find_leaks", "lab_secrets", "project_secrets",
-    "quiz_secrets",
+    "ALLOWED", "MIN_CHARS", "Leak", "allowed_lines", "find_leaks", "lab_secrets",
+    "lecture_answer_secrets", "project_secrets", "quiz_secrets",
 ]  # fmt: skip

@@ -107,7 +107,7 @@ def learner_readme(root: Path) -> str:
     from ddtk.course import catalog
 
     steps = []
-    for e in catalog.NOTEBOOKS:
+    for e in catalog.in_course_order():
         path = e.path.replace("solutions/", "labs/") if e.kind == "lab" else e.path
         if (root / path).is_file() or (root / e.path).is_file():
             steps.append(f"| {len(steps) + 1} | {e.title} | `{path}` |")
