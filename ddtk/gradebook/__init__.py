@@ -23,6 +23,15 @@ from fractions import Fraction
 STATUSES = ("pass", "fail", "error")
 
 
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value: object) -> str:
+    """``value`` as CSV text that a spreadsheet shows as text, never runs as a formula."""
+    text = str(value)
+    return "'" + text if text.startswith(_FORMULA) else text
+
+
 def number(x: Fraction | int | float) -> int | float:
     """``x`` for a file: an int when whole, else a float rounded to 4 decimal places."""
     x = Fraction(x)
@@ -86,4 +95,4 @@ def fix_for(status: str, message: str) -> str:
             "expected and what came back; rerun the check in your notebook after fixing it.")  # fmt: skip
 
 
-__all__ = ["STATUSES", "Grade", "Item", "fix_for", "number"]
+__all__ = ["STATUSES", "Grade", "Item", "fix_for", "number", "spreadsheet_safe"]

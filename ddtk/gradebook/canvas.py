@@ -22,20 +22,14 @@ from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 
-from ddtk.gradebook import Grade, number
+from ddtk.gradebook import Grade, number, spreadsheet_safe
 
 IDENTITY = ("Student", "ID", "SIS User ID", "SIS Login ID", "Section")
-_FORMULA = ("=", "+", "-", "@", "\t", "\r")
 _MATCH_BY = ("SIS Login ID", "SIS User ID", "ID", "Student")
 
 
 class RosterError(ValueError):
     """The roster file is not a Canvas gradebook export."""
-
-
-def _safe(value: object) -> str:
-    text = str(value)
-    return "'" + text if text.startswith(_FORMULA) else text
 
 
 def add_canvas_options(p: argparse.ArgumentParser) -> None:
@@ -132,7 +126,7 @@ def gradebook_csv(
                 unknown.append(g.student)
                 continue
             who = found
-        writer.writerow([*(_safe(who[c]) for c in IDENTITY), number(_scaled(g, possible))])
+        writer.writerow([*(spreadsheet_safe(who[c]) for c in IDENTITY), number(_scaled(g, possible))])
     return buf.getvalue(), unknown
 
 

@@ -244,18 +244,17 @@ def write_results(
 
     out_dir = Path(out_dir)
     written, used = [], set()
-    for r in result.results:
+    grades = [quiz_grade(r, result.quiz) for r in result.results]
+    for r, export in zip(result.results, grades, strict=True):
         folder = out_dir / _folder_name(r, used)
-        grade = quiz_grade(r, result.quiz)
         for name, text in (
             ("results.json", json.dumps(result_to_dict(r), indent=2, ensure_ascii=False) + "\n"),
-            ("feedback.html", feedback_html(grade)),
-            ("gradescope.json", json.dumps(results_json(grade), indent=2) + "\n"),
+            ("feedback.html", feedback_html(export)),
+            ("gradescope.json", json.dumps(results_json(export), indent=2) + "\n"),
         ):
             write_text(folder / name, text, durable=False)
             written.append(folder / name)
     written.append(write_grades_csv(result, out_dir / "grades.csv"))
-    grades = [quiz_grade(r, result.quiz) for r in result.results]
     canvas, unknown = gradebook_csv(grades, canvas_column or result.quiz.title or result.quiz.id,
                                     roster, result.quiz.max_score)  # fmt: skip
     write_text(out_dir / "canvas.csv", canvas)

@@ -44,13 +44,12 @@ from typing import Any
 
 from ddtk.course.grading.classgrade import ClassResult
 from ddtk.course.grading.score import StudentResult
-from ddtk.gradebook import Grade, Item, fix_for, number
+from ddtk.gradebook import Grade, Item, fix_for, number, spreadsheet_safe
 
 OUTPUT_NAMES = ("results.json", "grades.csv", "canvas.csv", "canvas-unmatched.txt")
 
 
 MARK = ".ddtk-grade"  # names a folder that ddtk course grade wrote
-_FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
 class OutputFolderError(ValueError):
@@ -99,12 +98,6 @@ def class_dict(result: ClassResult) -> dict[str, Any]:
         "students": [student_dict(r, result.lab, instructor=True) for r in result.results],
         "shared_code": shared_code(result),
     }
-
-
-def spreadsheet_safe(value: object) -> str:
-    """``value`` as CSV text that a spreadsheet shows as text, never runs as a formula."""
-    text = str(value)
-    return "'" + text if text.startswith(_FORMULA) else text
 
 
 def grades_csv_text(result: ClassResult) -> str:
@@ -182,13 +175,13 @@ def _write_tree(
         written.append(rel)
 
     used: set[str] = set()
-    for r in result.results:
+    grades = [lab_grade(r, result) for r in result.results]
+    for r, grade in zip(result.results, grades, strict=True):
         folder = _folder_name(r.student, used)
         put(
             f"{folder}/results.json",
             json.dumps(student_dict(r, result.lab), indent=2, ensure_ascii=False) + "\n",
         )
-        grade = lab_grade(r, result)
         put(f"{folder}/feedback.html", feedback_html(grade))
         put(f"{folder}/gradescope.json", json.dumps(results_json(grade), indent=2) + "\n")
         if r.executed is not None:
@@ -196,8 +189,7 @@ def _write_tree(
         for name, data in r.handin.items():  # the hand-in report the run wrote
             put(f"{folder}/{Path(name).name}", data.decode("utf-8", "replace"))
     put("grades.csv", grades_csv_text(result))
-    canvas, unknown = gradebook_csv([lab_grade(r, result) for r in result.results],
-                                    column or result.title, roster)  # fmt: skip
+    canvas, unknown = gradebook_csv(grades, column or result.title, roster)
     put("canvas.csv", canvas)
     if unknown:
         put("canvas-unmatched.txt", "".join(f"{s}\n" for s in unknown))
