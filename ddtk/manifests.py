@@ -23,7 +23,12 @@ its path in the document, so a typo fails here rather than on the cluster.
   (quote it in YAML: "0")',
  "spec.workerGroupSpecs[0].replica: unknown field (did you mean 'replicas'?)"]
 >>> validate({"apiVersion": "ray.io/v1", "kind": "RayClustr", "metadata": {"name": "x"}})
-["kind: no schema for 'RayClustr' (did you mean 'RayCluster'?); schemas here: ClusterTrainingRuntime, MPIJob, RayCluster, RayJob, RayService, TrainJob, TrainingRuntime"]
+... # doctest: +NORMALIZE_WHITESPACE
+["kind: no schema for 'RayClustr' (did you mean 'RayCluster'?); schemas here:
+  ClusterTrainingRuntime, HostDeviceNetwork, MPIJob, MacvlanNetwork,
+  NetworkAttachmentDefinition, NicClusterPolicy, PodMonitor, PrometheusRule, RayCluster,
+  RayJob, RayService, ServiceMonitor, SriovNetwork, SriovNetworkNodePolicy, TrainJob,
+  TrainingRuntime"]
 
 ``validate_file`` reads every document of a YAML file and adds the file and line;
 ``check`` raises ``ValueError`` listing every error. From a shell::

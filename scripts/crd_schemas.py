@@ -1,4 +1,4 @@
-"""Turn the upstream Kubernetes CRDs in ../shared/crds into JSON schemas under deploy/schemas/.
+"""Turn the upstream Kubernetes CRDs in ../shared/crds and ../shared/crds-monitoring-rdma into JSON schemas under deploy/schemas/.
 
 Why: the API server checks a custom resource against its CRD's ``openAPIV3Schema``;
 a JSON schema made from the same text lets ``ddtk.manifests.validate`` and the test
@@ -7,9 +7,9 @@ missing required field) on a laptop, without a cluster.
 
 Usage::
 
-    python scripts/crd_schemas.py                 # read ../shared/crds, write deploy/schemas
+    python scripts/crd_schemas.py                 # read both ../shared folders, write deploy/schemas
     python scripts/crd_schemas.py --check         # exit 1 if deploy/schemas is out of date
-    python scripts/crd_schemas.py --crds DIR --out DIR
+    python scripts/crd_schemas.py --crds DIR [--crds DIR ...] --out DIR
 
 One schema is written per CRD kind and served version, named
 ``<group>_<version>_<Kind>.json`` (``ray.io_v1_RayCluster.json``), plus
@@ -27,6 +27,8 @@ How the openAPIV3Schema becomes JSON Schema (draft 2020-12):
   server rejects a field its schema does not know;
 - ``x-kubernetes-embedded-resource: true`` objects also allow apiVersion, kind, metadata;
 - ``x-kubernetes-list-type: set`` becomes ``uniqueItems: true``;
+- a Go regexp ``pattern`` with an inline flag after its start (``^(?i)...``) gets the
+  flag moved to the front, where Python's ``re`` wants it;
 - the top level requires apiVersion (const ``group/version``), kind (const), metadata
   (an ObjectMeta with a DNS-subdomain ``name``) and spec.
 
@@ -51,7 +53,7 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CRDS = ROOT.parent / "shared" / "crds"
+DEFAULT_CRDS = [ROOT.parent / "shared" / "crds", ROOT.parent / "shared" / "crds-monitoring-rdma"]
 DEFAULT_OUT = ROOT / "deploy" / "schemas"
 GENERATOR = "scripts/crd_schemas.py"
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -63,6 +65,17 @@ UPSTREAM = {
     "kuberay": "ray-project/kuberay ray-operator/config/crd/bases/",
     "kubeflow-trainer": "kubeflow/trainer manifests/base/crds/",
     "mpi-operator": "kubeflow/mpi-operator manifests/base/kubeflow.org_mpijobs.yaml",
+    "prometheus-operator": "prometheus-operator/prometheus-operator example/prometheus-operator-crd/",
+    "network-operator": "Mellanox/network-operator config/crd/bases/ and its sriov-network-operator chart's crds/",
+    "multus": "k8snetworkplumbingwg/multus-cni deployments/multus-daemonset.yml (the CRD document)",
+}
+
+# Releases of the folders of ../shared/crds-monitoring-rdma, which carry neither a
+# version in their name nor a VERSION file: its README names each one's commit.
+PINNED = {
+    "prometheus-operator": "v0.93.0+24 (6adcebc5076c34f4f55f8f5f7b1e528929373ac7)",
+    "network-operator": "v26.7.0-beta.5+ (b06827e085c59726b699faffcc526342d4d8e395)",
+    "multus": "v4.3.0+ (95a0932350f0060cd232096876e24672a1de83fa)",
 }
 
 # Keywords that mean the same in openAPIV3Schema and JSON Schema, copied as they are.
@@ -144,9 +157,23 @@ def _types(node: dict[str, Any]) -> list[str]:
     return list(declared) if isinstance(declared, list) else [declared]
 
 
+def go_pattern(pattern: str) -> str:
+    """A Go (RE2) ``pattern`` as one Python's ``re`` accepts: inline flags moved to the front.
+
+    The API server matches ``pattern`` with Go's regexp, which allows ``^(?i)(abort|warn)?$``
+    (the Prometheus operator's); Python wants a global flag first: ``(?i)^(abort|warn)?$``.
+    """
+    flags = re.findall(r"\(\?[imsU]+\)", pattern)
+    if not flags or pattern.startswith(flags[0]):
+        return pattern
+    return "".join(flags) + re.sub(r"\(\?[imsU]+\)", "", pattern)
+
+
 def convert(node: dict[str, Any]) -> dict[str, Any]:
     """Convert one openAPIV3Schema node (recursively) to JSON Schema."""
     out = {key: node[key] for key in COPIED if key in node}
+    if isinstance(out.get("pattern"), str):
+        out["pattern"] = go_pattern(out["pattern"])
     types = _types(node)
     if node.get("nullable"):
         types = [*types, "null"] if types else []
@@ -219,23 +246,27 @@ def operator_release(folder: Path) -> tuple[str, str]:
     version_file = folder / "VERSION"
     if version_file.is_file():
         return folder.name, version_file.read_text().strip()
+    if folder.name in PINNED:
+        return folder.name, PINNED[folder.name]
     raise SystemExit(
         f"error: cannot tell the operator version of {folder}: name it <operator>-v<version> "
         "or put a VERSION file in it"
     )
 
 
-def crd_files(crds: Path) -> list[CrdFile]:
-    """Every CRD YAML file under ``crds`` (one folder per operator), in sorted order."""
-    if not crds.is_dir():
-        raise SystemExit(f"error: no CRD folder at {crds} (pass --crds DIR)")
+def crd_files(crds: Path | list[Path]) -> list[CrdFile]:
+    """Every CRD YAML file under each of ``crds`` (one sub-folder per operator), in sorted order."""
+    roots = [crds] if isinstance(crds, Path) else crds
     found = []
-    for folder in sorted(p for p in crds.iterdir() if p.is_dir()):
-        operator, version = operator_release(folder)
-        for path in sorted(folder.glob("*.yaml")):
-            found.append(CrdFile(path, operator, version))
+    for root in roots:
+        if not root.is_dir():
+            raise SystemExit(f"error: no CRD folder at {root} (pass --crds DIR)")
+        for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+            operator, version = operator_release(folder)
+            for path in sorted(folder.glob("*.yaml")):
+                found.append(CrdFile(path, operator, version))
     if not found:
-        raise SystemExit(f"error: no *.yaml CRD files in the folders of {crds}")
+        raise SystemExit(f"error: no *.yaml CRD files in the folders of {', '.join(map(str, roots))}")
     return found
 
 
@@ -247,7 +278,7 @@ def _display(path: Path) -> str:
     return Path(os.path.relpath(os.path.abspath(path), ROOT)).as_posix()
 
 
-def generate(crds: Path) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+def generate(crds: Path | list[Path]) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
     """Yield ``(file name, schema, provenance entry)`` for every served version of every CRD."""
     for source in crd_files(crds):
         text = source.path.read_bytes()
@@ -283,7 +314,7 @@ def dumps(document: Any) -> str:
     return json.dumps(document, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def render(crds: Path) -> dict[str, str]:
+def render(crds: Path | list[Path]) -> dict[str, str]:
     """Every output file's name and text, PROVENANCE.json included."""
     files: dict[str, str] = {}
     provenance: dict[str, Any] = {}
@@ -352,8 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--crds",
         type=Path,
-        default=DEFAULT_CRDS,
-        help="folder of upstream CRDs, one sub-folder per operator (default: ../shared/crds)",
+        action="append",
+        help="folder of upstream CRDs, one sub-folder per operator; repeat for several "
+        "(default: ../shared/crds and ../shared/crds-monitoring-rdma)",
     )
     parser.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="output folder (default: deploy/schemas)"
@@ -362,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         "--check", action="store_true", help="write nothing; exit 1 if --out is out of date"
     )
     args = parser.parse_args(argv)
-    files = render(args.crds)
+    files = render(args.crds or DEFAULT_CRDS)
     if args.check:
         problems = differences(files, args.out)
         for problem in problems:

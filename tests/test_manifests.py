@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 SCHEMAS = DEPLOY / "schemas"
 CRDS = ROOT.parent / "shared" / "crds"
+CRDS_MONITORING_RDMA = ROOT.parent / "shared" / "crds-monitoring-rdma"
 SCRIPT = ROOT / "scripts" / "crd_schemas.py"
 YAML_FILES = sorted(p for pattern in ("*.yaml", "*.yml") for p in DEPLOY.rglob(pattern))
 
@@ -178,10 +179,13 @@ def test_entry_point_accepts_its_arguments(where: str, module: str, args: list[s
 # ---------------------------------------------------------------- the schemas
 
 
-@pytest.mark.skipif(not CRDS.is_dir(), reason=f"the upstream CRDs are not at {CRDS}")
+@pytest.mark.skipif(
+    not (CRDS.is_dir() and CRDS_MONITORING_RDMA.is_dir()), reason=f"the upstream CRDs are not at {CRDS}"
+)
 def test_committed_schemas_equal_a_fresh_run(tmp_path: Path) -> None:
+    folders = ["--crds", str(CRDS), "--crds", str(CRDS_MONITORING_RDMA)]
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), "--crds", str(CRDS), "--out", str(tmp_path)],
+        [sys.executable, str(SCRIPT), *folders, "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -204,12 +208,16 @@ def test_provenance_matches_the_schema_files() -> None:
         text = (SCHEMAS / name).read_bytes()
         assert hashlib.sha256(text).hexdigest() == entry["schema_sha256"], name
         assert name == f"{entry['group']}_{entry['version']}_{entry['kind']}.json"
-        assert entry["source"].startswith("../shared/crds/") and len(entry["sha256"]) == 64
-    operators = {(e["operator"], e["operator_version"]) for e in entries.values()}
+        sources = ("../shared/crds/", "../shared/crds-monitoring-rdma/")
+        assert entry["source"].startswith(sources) and len(entry["sha256"]) == 64
+    operators = {e["operator"]: e["operator_version"] for e in entries.values()}
     assert operators == {
-        ("kuberay", "v1.7.0"),
-        ("kubeflow-trainer", "v2.3.0"),
-        ("mpi-operator", "v0.8.0"),
+        "kuberay": "v1.7.0",
+        "kubeflow-trainer": "v2.3.0",
+        "mpi-operator": "v0.8.0",
+        "prometheus-operator": "v0.93.0+24 (6adcebc5076c34f4f55f8f5f7b1e528929373ac7)",
+        "network-operator": "v26.7.0-beta.5+ (b06827e085c59726b699faffcc526342d4d8e395)",
+        "multus": "v4.3.0+ (95a0932350f0060cd232096876e24672a1de83fa)",
     }
 
 
