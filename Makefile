@@ -41,10 +41,14 @@ horovod: venv ## build Horovod 0.28.1 for this torch (cached wheel: seconds afte
 	bash scripts/build_horovod.sh $(BIN)/python
 
 DEBS := chromium shellcheck iperf3 bwrap strace  # commands; bwrap comes in Debian's bubblewrap
-debs: ## Debian packages the tests use: chromium (the quiz's browser test), shellcheck (deploy/ scripts), iperf3 (lecture 04), bubblewrap and strace (the grading sandbox); apt-get as root
+DEBS_BARE := prometheus  # without recommends: Debian's prometheus recommends node-exporter, smartmontools and 200 MB more
+debs: ## Debian packages the tests use: chromium (the quiz's browser test), shellcheck (deploy/ scripts), iperf3 (lecture 04), bubblewrap and strace (the grading sandbox), prometheus and promtool (monitoring); apt-get as root
 	@missing=$$(for p in $(DEBS); do command -v $$p >/dev/null || echo $$p | sed 's/^bwrap$$/bubblewrap/'; done); \
-	test -z "$$missing" || { test "$$(id -u)" = 0 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; } \
-		|| echo "missing and not root: run 'sudo apt-get install $$missing' (their tests are skipped)"
+	bare=$$(for p in $(DEBS_BARE); do command -v $$p >/dev/null || echo $$p; done); \
+	test -z "$$missing$$bare" || { test "$$(id -u)" = 0 \
+		&& { test -z "$$missing" || DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; } \
+		&& { test -z "$$bare" || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$bare >/dev/null; }; } \
+		|| echo "missing and not root: run 'sudo apt-get install $$missing $$bare' (their tests are skipped)"
 
 browser: debs
 
@@ -62,7 +66,7 @@ test: ## run the whole test suite, notebooks and the browser test included (FRES
 	$(BIN)/python -m compileall -q -j 0 ddtk tests >/dev/null
 	@# build/executed/ keeps executed notebooks by code, parameters and environment (ddtk/course/executions.py)
 	@if [ -n "$(FRESH)" ]; then rm -rf build/executed; fi
-	DDTK_REQUIRE=horovod,browser,shellcheck,netns,iperf3 $(BIN)/python -m pytest -n $(TEST_JOBS) tests course --ignore=tests/site --nbval-lax --durations=25 $(PYTEST_ARGS)
+	DDTK_REQUIRE=horovod,browser,shellcheck,netns,iperf3,prometheus $(BIN)/python -m pytest -n $(TEST_JOBS) tests course --ignore=tests/site --nbval-lax --durations=25 $(PYTEST_ARGS)
 	@# the course site, from the notebooks the run above executed (build/executed/notebooks), and its test
 	$(BIN)/ddtk course book
 	DDTK_REQUIRE=browser,book DDTK_TEST_TIMES=build/test-times-site.json $(BIN)/python -m pytest tests/site $(PYTEST_ARGS)
