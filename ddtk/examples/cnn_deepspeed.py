@@ -17,6 +17,7 @@ every rank saves its own shard.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -41,19 +42,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parse_checked(p, argv)
 
 
+def _device(on_gpu: bool) -> torch.device:
+    """This rank's GPU (``LOCAL_RANK``, set by torchrun and the deepspeed launcher), or the CPU."""
+    import os
+
+    if not on_gpu:
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    return device
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    deepspeed.init_distributed(dist_backend="gloo")
+    on_gpu = torch.cuda.is_available()
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(args.threads)
-    train, test = train_test_split(load_dataset("digits"), seed=0)
+    device = _device(on_gpu)
+    train, test = (
+        dataclasses.replace(s, x=s.x.to(device), y=s.y.to(device))
+        for s in train_test_split(load_dataset("digits"), seed=0)
+    )
     lr = args.lr * size
     config = {
         "train_micro_batch_size_per_gpu": args.batch_size,
         "zero_optimization": {"stage": args.zero_stage},
         "zero_allow_untested_optimizer": True,  # ZeRO is tested with DeepSpeed's Adam family; SGD works
     }
-    model = build_model("resnet", seed=0)
+    model = build_model("resnet", seed=0).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     model, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     steps_per_epoch = len(train) // (args.batch_size * size)
@@ -70,10 +87,10 @@ def main(argv: list[str] | None = None) -> dict:
             model.step()
             step += 1
         seconds = time.perf_counter() - start
-        totals = torch.tensor(evaluate(model.module, test.x[rank::size], test.y[rank::size]))
+        totals = torch.tensor(evaluate(model.module, test.x[rank::size], test.y[rank::size]), device=device)
         dist.all_reduce(totals)
         loss, correct = totals.tolist()
-        seconds_max = torch.tensor(seconds)
+        seconds_max = torch.tensor(seconds, device=device)
         dist.all_reduce(seconds_max, op=dist.ReduceOp.MAX)
         metrics = {
             "epoch": epoch + 1,
