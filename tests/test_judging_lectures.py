@@ -22,7 +22,14 @@ from ddtk.course.judging.mutants import load_mutants, mutants_file, solution_not
 
 ROOT = Path(__file__).resolve().parents[1]
 LECTURES = {
-    "01-distributed-fundamentals": {"TP may cross nodes": "crosses nodes"},
+    "01-distributed-fundamentals": {
+        "TP may cross nodes": "crosses nodes",
+        "2·N·D, the forward pass only": "backward adds 4·N·D",
+        "MFU multiplies the time instead of dividing it": "MFU applied the wrong way",
+        "GPU-seconds taken for GPU-hours": "divide by 3,600",
+        "days not spread over the GPUs": "spread the GPU-hours over the gpus",
+        "an MFU of 40 taken for 40%": "must raise ValueError",
+    },
     "02-ray": {
         "the last rung stops short of max_t": "up to and including max_t",
         "every exploiter clones the best trial": "drawn at random from the whole top quantile",
@@ -37,6 +44,10 @@ LECTURES = {
         "NCCL_IB_HCA without the leading '='": "a leading '='",
         "TP is the slowest dimension": "spans several nodes",
         "the notebook's threshold hard-coded": "slow paths found",
+        "the MTU rule applied to InfiniBand ports too": "the MTU rule is for RoCE",
+        "the line rate compared in bytes": "below 80 %: 'link rate'",
+        "every IB without GDR blamed on the peer-memory module": "the reason names a distance",
+        "a port in INIT sent to the cable": "no subnet manager has made the port active",
     },
 }
 
@@ -92,9 +103,19 @@ def test_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
         ("01-distributed-fundamentals", 1, "70a5bfb7",
          "from ddtk.course.judges.lecture01 import simplest as choose_parallelism\n",
          "imports ddtk.course.judges.lecture01.simplest"),
+        ("01-distributed-fundamentals", 2, "l01-size",
+         "from ddtk.profiling.mfu import size_run\n\ndef size_the_run(params, tokens_per_param, peak_tflops, mfu, gpus, usd_per_gpu_hour):\n"
+         "    return size_run(params, tokens_per_param=tokens_per_param, peak_tflops=peak_tflops, mfu=mfu,\n"
+         "                    gpus=gpus, usd_per_gpu_hour=usd_per_gpu_hour).as_dict()\n",
+         "imports ddtk.profiling.mfu.size_run"),
         ("03-horovod-and-ddp", 1, "l03-ex1",
          "from ddtk.frameworks.zero_memory import ds_config\n\ndef deepspeed_config(n, w, g, micro_batch):\n"
          "    return ds_config(3)\n", "imports ddtk.frameworks.zero_memory.ds_config"),
+        ("04-nccl-and-networking", 6, "l04-ex6",
+         "from ddtk.net.rdma_check import link_findings, nccl_findings, port_findings\n\n"
+         "def rdma_fixes(ports, bw, rate, nccl):\n"
+         "    found = port_findings(ports) + link_findings(bw, rate) + nccl_findings(nccl)\n"
+         "    return [(f.where, f.key) for f in found]\n", "imports ddtk.net.rdma_check"),
         ("04-nccl-and-networking", 2, "1907ac93",
          "import sys\n\ndef usable_ports(text, rate):\n    return sys._getframe(1).f_locals['want']\n",
          "uses .f_locals"),

@@ -12,9 +12,16 @@
 - :mod:`~ddtk.net.shaping`: ranks in network namespaces behind kernel rate limiters
   (root only), and ``iperf3`` on those links.
 - :mod:`~ddtk.net.probe`: per-link timing that finds a slow link.
+- :mod:`~ddtk.net.nccl_tests`, :mod:`~ddtk.net.nccl_log`, :mod:`~ddtk.net.ibv_devinfo`,
+  :mod:`~ddtk.net.perftest`: the outputs of nccl-tests, ``NCCL_DEBUG=INFO``, ``ibv_devinfo``
+  and ``ib_write_bw`` as data; :mod:`~ddtk.net.rdma_check`: what those four outputs say
+  is misconfigured, and the fix.
 
 Every public name of these modules is importable from the package itself, loaded on
-first use (so importing the package stays cheap).
+first use (so importing the package stays cheap), except those of the output parsers
+``nccl_log``, ``ibv_devinfo`` and ``perftest``, which each have a ``parse``: use them
+through their module (``from ddtk.net import ibv_devinfo``, then ``ibv_devinfo.parse``).
+The package's own ``parse`` and ``check`` are those of :mod:`~ddtk.net.nccl_tests`.
 """
 
 from ddtk._lazy import lazy_exports
@@ -36,6 +43,14 @@ _EXPORTS = {
     "timed_together": "measure",
     "check": "nccl_tests",
     "parse": "nccl_tests",
+    "FIXES": "rdma_check",
+    "MIN_FRACTION": "rdma_check",
+    "Finding": "rdma_check",
+    "busbw_findings": "rdma_check",
+    "diagnose_rdma": "rdma_check",
+    "link_findings": "rdma_check",
+    "nccl_findings": "rdma_check",
+    "port_findings": "rdma_check",
     "Prediction": "predict",
     "applicable": "predict",
     "crossover": "predict",

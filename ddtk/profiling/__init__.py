@@ -6,7 +6,8 @@ compute, communication, data loading, optimizer and idle time, how much communic
 overlapped compute, stragglers, the top operators, and a diagnosis in plain words.
 :func:`plot_timeline` draws the ranks on one clock; :func:`py_spy_record` profiles the
 Python of a whole launched job; :mod:`ddtk.profiling.jobs` is a training job with
-bottlenecks to plant, which ``ddtk profile`` runs.
+bottlenecks to plant, which ``ddtk profile`` runs. :mod:`ddtk.profiling.mfu` turns a
+throughput into model FLOPs utilisation, and a model size into GPU-hours, days and cost.
 
 Every public name is importable from the package itself. Those of the modules that
 share a function's name (``breakdown``, ``diagnose``) are imported here, so that the
@@ -28,6 +29,13 @@ _EXPORTS = {
     "JobConfig": "jobs",
     "JobResult": "jobs",
     "run_job": "jobs",
+    "CHINCHILLA_TOKENS_PER_PARAM": "mfu",
+    "FLOPS_PER_PARAM_TOKEN": "mfu",
+    "H100_SXM_BF16_DENSE_TFLOPS": "mfu",
+    "RunSize": "mfu",
+    "model_flops_utilization": "mfu",
+    "size_run": "mfu",
+    "training_flops": "mfu",
     "top_operators": "operators",
     "hot_functions": "pyspy",
     "py_spy_record": "pyspy",
@@ -42,6 +50,9 @@ _EXPORTS = {
 
 __getattr__, __dir__, _ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
+    "CHINCHILLA_TOKENS_PER_PARAM",
+    "FLOPS_PER_PARAM_TOKEN",
+    "H100_SXM_BF16_DENSE_TFLOPS",
     "JOBS",
     "Analysis",
     "Breakdown",
@@ -49,6 +60,7 @@ __all__ = [
     "JobConfig",
     "JobResult",
     "RankTrace",
+    "RunSize",
     "StepBreakdown",
     "StepProfiler",
     "TraceError",
@@ -60,10 +72,13 @@ __all__ = [
     "hot_functions",
     "load_trace",
     "load_traces",
+    "model_flops_utilization",
     "plot_timeline",
     "py_spy_record",
     "region",
     "run_job",
+    "size_run",
     "stragglers",
     "top_operators",
+    "training_flops",
 ]

@@ -1,4 +1,4 @@
-"""Plausible wrong answers to lecture 01's judged exercise: each must fail its check.
+"""Plausible wrong answers to lecture 01's judged exercises: each must fail its check.
 
 Every mutant is the lecture's solution with some replacements in one answer cell:
 ``{exercise: {name: (cell id, [(old, new), ...])}}`` (see ``solutions/mutants/lab03.py``).
@@ -7,6 +7,7 @@ stub fails, the solution passes and every mutant fails, with the message saying 
 """
 
 CHOOSE = "70a5bfb7"
+SIZE = "l01-size"
 
 MUTANTS = {
     1: {
@@ -32,5 +33,26 @@ MUTANTS = {
             CHOOSE,
             [("zero=zero, recompute=True)", "zero=zero, recompute=False)")],
         ),
+    },
+    2: {
+        "2·N·D, the forward pass only": (
+            SIZE,
+            [("flops = 6 * params * tokens", "flops = 2 * params * tokens")],
+        ),
+        "MFU multiplies the time instead of dividing it": (
+            SIZE,
+            [
+                (
+                    "flops / (peak_tflops * 1e12 * mfu) / 3600",
+                    "flops * mfu / (peak_tflops * 1e12) / 3600",
+                )
+            ],
+        ),
+        "GPU-seconds taken for GPU-hours": (
+            SIZE,
+            [("flops / (peak_tflops * 1e12 * mfu) / 3600", "flops / (peak_tflops * 1e12 * mfu)")],
+        ),
+        "days not spread over the GPUs": (SIZE, [("gpu_hours / gpus / 24", "gpu_hours / 24")]),
+        "an MFU of 40 taken for 40%": (SIZE, [("not 0 < mfu <= 1", "not 0 < mfu <= 100")]),
     },
 }

@@ -6,12 +6,13 @@ Every mutant is the lecture's solution with some replacements in one answer cell
 stub fails, the solution passes and every mutant fails, with the message saying why.
 """
 
-NCCL_LOG, PORTS, GROUPS, FABRIC, CULPRITS = (
+NCCL_LOG, PORTS, GROUPS, FABRIC, CULPRITS, FIXES = (
     "27eacbee",
     "1907ac93",
     "80032d0a",
     "8389e1bf",
     "898be430",
+    "l04-ex6",
 )
 
 MUTANTS = {
@@ -142,6 +143,44 @@ MUTANTS = {
                 (
                     "    nics = [r for r in range(n) if sum(r in link for link in slow) == 2 * (n - 1)]",
                     "    nics = sorted({r for link in slow for r in link})",
+                )
+            ],
+        ),
+    },
+    6: {
+        "the MTU rule applied to InfiniBand ports too": (
+            FIXES,
+            [
+                (
+                    'elif p["link_layer"] == "Ethernet" and p["active_mtu"] < 4096:',
+                    'elif p["active_mtu"] < 4096:',
+                )
+            ],
+        ),
+        "the line rate compared in bytes": (
+            FIXES,
+            [
+                (
+                    "write_bw_gbps < 0.8 * line_rate_gbps:",
+                    "write_bw_gbps < 0.8 * line_rate_gbps / 8:",
+                )
+            ],
+        ),
+        "every IB without GDR blamed on the peer-memory module": (
+            FIXES,
+            [
+                (
+                    'fixes.append(("nccl", "PCIe path" if far else "peer memory"))',
+                    'fixes.append(("nccl", "peer memory"))',
+                )
+            ],
+        ),
+        "a port in INIT sent to the cable": (
+            FIXES,
+            [
+                (
+                    'fixes.append((where, "subnet manager"))  # INIT or ARMED',
+                    'fixes.append((where, "cable"))  # INIT or ARMED',
                 )
             ],
         ),

@@ -1,4 +1,4 @@
-"""Lecture 04 (NCCL and networking): the judged exercises 1 to 5.
+"""Lecture 04 (NCCL and networking): the judged exercises 1 to 6.
 
 Every exercise is a pure function, so each check calls it once in a worker on inputs
 the judge builds from its secret seed, and compares with what it planted or computes
@@ -22,6 +22,12 @@ itself (see :mod:`ddtk.course.judging`):
    tolerances and oversubscription choices; the judge runs the network model itself.
 5. **find the slow NIC**: seeded bandwidth matrices with slow NICs, slow paths and a
    degraded link planted near the seeded threshold.
+6. **name the RDMA fixes**: seeded ``ibv_devinfo`` texts (ports down, in INIT, RoCE at
+   MTU 1024, InfiniBand at 2048, healthy; and no device at all), ``ib_write_bw``
+   averages just under and just over 80 % of 100, 200 or 400 Gb/s, and NCCL logs of
+   every transport and cause (no module, distance, no IB device, ``NCCL_IB_DISABLE``,
+   ``ibv_reg_mr`` refused), each parsed by ``ddtk.net``'s parsers as the lecture does;
+   the judge's answer comes from ``ddtk.net.rdma_check``'s rules.
 """
 
 from __future__ import annotations
@@ -429,6 +435,205 @@ def check_culprits(ctx: Context) -> None:
                "judged against the fastest link and the threshold given)", expected=case["paths"], got=paths)  # fmt: skip
 
 
+# ------------------------------------------------------------------ exercise 6
+
+
+def probe_rdma_fixes(ns: dict[str, Any], cases: list[dict]) -> list[Any]:
+    """``rdma_fixes`` on each case's parsed outputs."""
+    fn = ns["rdma_fixes"]
+    return [
+        plain(fn(c["ports"], c["write_bw_gbps"], c["line_rate_gbps"], c["nccl"])) for c in cases
+    ]
+
+
+# (state, active_mtu, link layer) of each kind of port the judge plants
+_PORT_KINDS = {
+    "healthy IB": ("PORT_ACTIVE (4)", "4096 (5)", "InfiniBand"),
+    "healthy RoCE": ("PORT_ACTIVE (4)", "4096 (5)", "Ethernet"),
+    "IB at MTU 2048": ("PORT_ACTIVE (4)", "2048 (4)", "InfiniBand"),
+    "RoCE at MTU 1024": ("PORT_ACTIVE (4)", "1024 (3)", "Ethernet"),
+    "down": ("PORT_DOWN (1)", "4096 (5)", None),
+    "init": ("PORT_INIT (2)", "4096 (5)", "InfiniBand"),
+    "armed": ("PORT_ARMED (3)", "4096 (5)", "InfiniBand"),
+}
+
+
+def _port_text(number: int, state: str, mtu: str, layer: str, lid: int) -> str:
+    return (f"\t\tport:\t{number}\n\t\t\tstate:\t\t\t{state}\n\t\t\tmax_mtu:\t\t4096 (5)\n"
+            f"\t\t\tactive_mtu:\t\t{mtu}\n\t\t\tsm_lid:\t\t\t{1 if lid else 0}\n\t\t\tport_lid:\t\t{lid}\n"
+            f"\t\t\tport_lmc:\t\t0x00\n\t\t\tlink_layer:\t\t{layer}\n")  # fmt: skip
+
+
+def devinfo_text(rng: random.Random, kinds: list[str]) -> str:
+    """``ibv_devinfo`` output with one port of each of ``kinds``, on seeded device numbers;
+    some HCAs are dual-port, a healthy port 1 before the planted port 2."""
+    devs = sorted(rng.sample(range(18), len(kinds)))
+    text = ""
+    for d, kind in zip(devs, kinds):
+        state, mtu, layer = _PORT_KINDS[kind]
+        layer = layer or rng.choice(["InfiniBand", "Ethernet"])
+        lid = 0 if layer == "Ethernet" or "INIT" in state else rng.randint(2, 900)
+        dual = rng.random() < 0.3
+        text += (f"hca_id:\tmlx5_{d}\n\ttransport:\t\t\tInfiniBand (0)\n"
+                 f"\tfw_ver:\t\t\t\t28.{rng.randint(35, 43)}.1000\n\tphys_port_cnt:\t\t\t{1 + dual}\n")  # fmt: skip
+        if dual:
+            text += _port_text(1, "PORT_ACTIVE (4)", "4096 (5)", layer, lid and lid + 1)
+        text += _port_text(1 + dual, state, mtu, layer, lid) + "\n"
+    return text or "No IB devices found\n"
+
+
+_NCCL_CAUSES = ("IB+GDR", "IB: no module", "IB: distance", "Socket: no IB device", "Socket: IB disabled",
+                "none", "IB+GDR: memlock")  # fmt: skip
+
+
+def nccl_case(rng: random.Random, cause: str) -> str:
+    """A seeded NCCL log of ``cause`` (exercise 1's generator, with the lines that say why)."""
+    situation = {"IB: no module": "IB", "IB: distance": "IB", "IB+GDR: memlock": "IB+GDR"}.get(
+        cause, cause
+    )
+    log, _ = nccl_log(rng, situation, None)
+    host = log.split(":", 1)[0]
+    extra = {
+        "IB: no module": "NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0' (no module)",
+        "IB: distance": f"NET/IB : GPU Direct RDMA Disabled for GPU {rng.randrange(8)} / HCA {rng.randrange(4)} "
+                        f"(distance {rng.choice([6, 7])} > 5)",
+        "IB+GDR: memlock": "misc/ibvwrap.cc:190 NCCL WARN Call to ibv_reg_mr failed with error Cannot allocate memory",
+    }.get(cause)  # fmt: skip
+    if extra:
+        level = "" if "WARN" in extra else "NCCL INFO "
+        log += f"{host}:{rng.randint(1000, 9999)}:{rng.randint(1000, 9999)} [0] {level}{extra}\n"
+    return log
+
+
+def rdma_cases(rng: random.Random) -> list[dict]:
+    """Seeded cases that together hold every port kind, a missing device, bandwidths on
+    both sides of 80 % and no measurement, and every NCCL cause."""
+    from ddtk.net import ibv_devinfo
+    from ddtk.net.nccl_log import parse as parse_nccl
+
+    kinds = list(_PORT_KINDS) * 2
+    rng.shuffle(kinds)
+    causes = list(_NCCL_CAUSES)
+    rng.shuffle(causes)
+    shares = [rng.uniform(0.74, 0.79), rng.uniform(0.81, 0.86), rng.uniform(0.2, 0.5), rng.uniform(0.9, 0.99),
+              None, rng.uniform(0.77, 0.795), rng.uniform(0.805, 0.83)]  # fmt: skip
+    rng.shuffle(shares)
+    chunks = [
+        [],
+        *(kinds[j :: len(causes) - 1] for j in range(len(causes) - 1)),
+    ]  # every kind, twice
+    cases = []
+    for i, cause in enumerate(causes):
+        take = chunks[i]
+        rate = rng.choice([100, 200, 400])
+        share = shares[i]
+        cases.append({"ports": ibv_devinfo.parse(devinfo_text(rng, take)),
+                      "write_bw_gbps": None if share is None else round(share * rate, 2),
+                      "line_rate_gbps": rate, "nccl": parse_nccl(nccl_case(rng, cause)), "cause": cause,
+                      "kinds": take})  # fmt: skip
+    return cases
+
+
+def rdma_answer(case: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The judge's answer: ``ddtk.net.rdma_check``'s rules on the case's parsed outputs."""
+    from ddtk.net import rdma_check
+
+    found = (rdma_check.port_findings(case["ports"])
+             + rdma_check.link_findings(case["write_bw_gbps"], case["line_rate_gbps"])
+             + rdma_check.nccl_findings(case["nccl"]))  # fmt: skip
+    return [(f.where, f.key) for f in found]
+
+
+def _port_rule(p: Mapping[str, Any]) -> str:
+    """What the rules say of one parsed ``ibv_devinfo`` port, and why."""
+    where, state, mtu, layer = f"{p['device']}:{p['port']}", p["state"], p["active_mtu"], p["link_layer"]
+    if state == "PORT_DOWN":
+        return f"{where} is PORT_DOWN: no physical link, so 'cable'"
+    if not str(state).startswith("PORT_ACTIVE"):
+        return (f"{where} is {state}: the link is up, but no subnet manager has made the port "
+                "active, so 'subnet manager'")  # fmt: skip
+    if layer == "Ethernet" and mtu < 4096:
+        return f"{where} is RoCE (link_layer Ethernet) at active_mtu {mtu}: 'jumbo frames'"
+    if mtu < 4096:
+        return (f"{where} is {layer} at active_mtu {mtu}: the MTU rule is for RoCE "
+                "(link_layer Ethernet) only, so no fix")  # fmt: skip
+    return f"{where} is active at active_mtu {mtu}: no fix"
+
+
+def _nccl_rule(nccl: Mapping[str, Any]) -> str:
+    """What the rules say of one parsed NCCL log, and why."""
+    memlock = any("ibv_reg_mr" in w and "Cannot allocate memory" in w for w in nccl["warnings"])
+    tail = "; a WARN says ibv_reg_mr failed with 'Cannot allocate memory': 'memlock'" if memlock else ""
+    if nccl["transport"] == "Socket":
+        if nccl["ib_disabled"]:
+            return "NCCL runs on sockets and the log says NCCL_IB_DISABLE was set: 'NCCL_IB_DISABLE'" + tail
+        return "NCCL runs on sockets without NCCL_IB_DISABLE: 'expose the HCA'" + tail
+    if nccl["transport"] == "IB":
+        reasons = "; ".join(nccl["gdr_disabled"]) or "none printed"
+        if any("distance" in r for r in nccl["gdr_disabled"]):
+            return (f"NCCL runs on IB without GPUDirect RDMA and the reason names a distance "
+                    f"({reasons}): the GPU and NIC are too far apart, 'PCIe path'" + tail)  # fmt: skip
+        return (f"NCCL runs on IB without GPUDirect RDMA, reason: {reasons}; no distance, "
+                "so 'peer memory'" + tail)  # fmt: skip
+    return f"NCCL runs on {nccl['transport']}: nothing to fix there" + tail
+
+
+def why_fixes_differ(ports: list[dict], write_bw_gbps: float | None, line_rate_gbps: float,
+                     nccl: Mapping[str, Any], want: list, found: Any) -> str:  # fmt: skip
+    """The rule behind the first pair that ``found`` lacks or has too many of, against ``want``
+    (the same arguments as the exercise's ``rdma_fixes``); empty when they agree."""
+    if found == want:
+        return ""
+    if not isinstance(found, list) or not all(isinstance(f, tuple) and len(f) == 2 for f in found):
+        return "rdma_fixes must return a list of (where, fix) pairs"
+    if sorted(map(str, found)) == sorted(map(str, want)):
+        return "the right pairs in the wrong order: ports in the order listed, then the link, then NCCL"
+    differ = [*(w for w in want if w not in found), *(f for f in found if f not in want)]
+    if not differ:
+        return "the right pairs, but some more than once: each problem once"
+    where = differ[0][0]
+    if where == "ibv_devinfo":
+        return "ibv_devinfo listed no port at all: 'no device'" if not ports else "there are ports"
+    if where == "ib_write_bw":
+        if write_bw_gbps is None:
+            return "ib_write_bw was not run (None): nothing to judge"
+        share = write_bw_gbps / line_rate_gbps
+        side = "below 80 %: 'link rate'" if share < 0.8 else "at least 80 %: no fix"
+        return (f"ib_write_bw's {write_bw_gbps:g} Gb/s is {share:.1%} of the {line_rate_gbps:g} Gb/s "
+                f"line rate (both in Gb/s), {side}")  # fmt: skip
+    if where == "nccl":
+        return _nccl_rule(nccl)
+    port = next((p for p in ports if f"{p['device']}:{p['port']}" == where), None)
+    if port is None:
+        return f"no port {where} in the ibv_devinfo output"
+    return _port_rule(port)
+
+
+def check_rdma_fixes(ctx: Context) -> None:
+    cases = rdma_cases(random.Random(ctx.seed))
+    keys = ("ports", "write_bw_gbps", "line_rate_gbps", "nccl")
+    got = ctx.worker().probe(
+        f"{_P}:probe_rdma_fixes", cases=[{k: c[k] for k in keys} for c in cases]
+    )
+    for case, found in zip(cases, got):
+        want = rdma_answer(case)
+        found = (
+            [tuple(f) if isinstance(f, list | tuple) else f for f in found]
+            if isinstance(found, list)
+            else found
+        )
+        bw = (
+            "no ib_write_bw"
+            if case["write_bw_gbps"] is None
+            else f"ib_write_bw {case['write_bw_gbps']} Gb/s"
+        )
+        where = (f"ports {case['kinds'] or 'none (no device)'}, {bw} on a {case['line_rate_gbps']} Gb/s "
+                 f"fabric, NCCL log: {case['cause']}")  # fmt: skip
+        why = why_fixes_differ(*(case[k] for k in keys), want, found)
+        expect(found == want, f"rdma_fixes on seeded outputs ({where}): {why}; (where, fix) for ports "
+               "in order, then the link, then NCCL", expected=want, got=found)  # fmt: skip
+
+
 JUDGE = LabJudge(
     lab="04-nccl-and-networking",
     setup=(),
@@ -440,6 +645,7 @@ JUDGE = LabJudge(
         4: Exercise(4, "cheapest fabric", ("8389e1bf",), check_fabric, _NET,
                     ("ddtk.net.predict.predict", "ddtk.net.topology.Cluster")),
         5: Exercise(5, "find the slow NIC", ("898be430",), check_culprits, _NET),
+        6: Exercise(6, "name the RDMA fixes", ("l04-ex6",), check_rdma_fixes, _NET),
     },
 )  # fmt: skip
 
@@ -450,4 +656,4 @@ def judge(number: int, namespace: dict[str, Any]) -> None:
     check_here(JUDGE, number, namespace)
 
 
-__all__ = ["JUDGE", "judge"]
+__all__ = ["JUDGE", "judge", "why_fixes_differ"]
