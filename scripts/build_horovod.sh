@@ -29,7 +29,10 @@ CACHE="$ROOT/.cache/wheels"
 mkdir -p "$CACHE"
 
 TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
-HAS_CUDA=$("$PY" -c 'import torch; print(int(torch.cuda.is_available() and torch.version.cuda is not None))')
+# A CUDA build when torch is a CUDA build and a CUDA toolkit (nvcc) is found: the rule
+# Horovod's own CMake (FindPytorch) applies, so it holds in a `docker build` with no GPU
+# attached (deploy/images/learner/Dockerfile.gpu), and a CPU torch always builds for gloo.
+HAS_CUDA=$("$PY" -c 'import torch; from torch.utils.cpp_extension import CUDA_HOME; print(int(torch.version.cuda is not None and CUDA_HOME is not None))')
 KEY="torch${TORCH_VERSION}-cuda${HAS_CUDA}-release"
 WHEEL_DIR="$CACHE/horovod-$HVD_VERSION-$KEY"
 
