@@ -354,6 +354,19 @@ REAL_LABS = {  # lab: (exercises solved in the partial or None, -p values)
 }
 
 
+def require_prometheus() -> None:
+    """Skip without ``prometheus`` and ``promtool`` (fail under DDTK_REQUIRE=prometheus)."""
+    from support import require_or_skip
+
+    from ddtk.monitoring.prometheus import PrometheusNotInstalled, find_binary
+
+    try:
+        find_binary("prometheus")
+        find_binary("promtool")
+    except PrometheusNotInstalled as exc:
+        require_or_skip("prometheus", str(exc))
+
+
 def _lab01_parameters(out: Path, since: float) -> None:
     """Three workers and other epochs reached every part of lab 01's solution run."""
     from support import assert_no_ray_daemons_left
@@ -366,8 +379,12 @@ def _lab01_parameters(out: Path, since: float) -> None:
     assert "Ray Train, 3 worker(s): from part 2's run" in text  # part 2 ran 3 workers
     assert "DDP, 3 rank(s)" in text
     assert "Ray processes left: none" in text
+    assert "Exercise 4 passed: PromQL queries" in text
+    assert "Prometheus servers left: none" in text
     report = (out / "solution" / "lab01-report.json").read_text()
     assert '"num_workers": 3' in report
+    # every one of the three workers' counters reached Prometheus and its rate was queried
+    assert sorted(json.loads(report)["part3"]["peak_samples_per_s"]) == ["0", "1", "2"]
 
 
 def _lab02_parameters(out: Path, since: float) -> None:
@@ -515,6 +532,8 @@ def test_a_generated_class_of_a_real_lab(
 
     if lab == "lab02":
         request.getfixturevalue("horovodrun")  # Horovod built with Gloo, or a clear skip
+    if lab == "lab01":
+        require_prometheus()  # part 3 and exercise 4's judge run a real Prometheus
     since = time.time()
     solve, params = REAL_LABS[lab]
     subs, kinds = _real_class(lab, tmp_path, solve)

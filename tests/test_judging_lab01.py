@@ -4,8 +4,10 @@
   answer in ``solutions/mutants/lab01.py`` fails, with the message saying why;
 - answers that import what an exercise asks to build earn nothing, and no process is
   started to find that out; the data helpers the lab hands out stay allowed;
-- the seeded Prometheus expositions the judge writes parse, with ``prometheus_client``,
-  into exactly the samples the judge expects (the judge's own reference is right);
+- the series the judge writes for exercise 4 tell its own PromQL from plausible wrong
+  queries in a real Prometheus, and a recorded series that promtool refuses fails with
+  promtool's reason;
+- the stand-in of ``ray.util.metrics`` the loop runs under checks what Ray checks;
 - exercise 7, the free-text interpretation, is not judged.
 """
 
@@ -36,7 +38,16 @@ def _lab01() -> tuple[nbformat.NotebookNode, nbformat.NotebookNode]:
     return notebook_pair(LAB01)
 
 
+@pytest.fixture
+def prometheus() -> None:
+    """Exercise 4's judge runs Prometheus and promtool: skip without them, or fail under DDTK_REQUIRE."""
+    from test_course_grade import require_prometheus
+
+    require_prometheus()
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("prometheus")
 def test_lab01_mutant_matrix_stub_fails_solution_passes_every_mutant_fails() -> None:
     solution, stub = _lab01()
     judge = judge_for(LAB01.stem)
@@ -60,7 +71,16 @@ def test_lab01_mutant_matrix_stub_fails_solution_passes_every_mutant_fails() -> 
         "the global accuracy over both ranks" in words["the accuracy of this worker's shard only"]
     )
     assert "no 'module.' prefix" in words["the checkpoint holds the DDP wrapper's keys"]
-    assert "seeded exposition" in words["the timestamp read as the value"]
+    assert "one per training step" in words["the samples counted once per epoch, not per step"]
+    assert "the grader's run is named" in words[
+        "the notebook's run name hard-coded in the counter's tags"
+    ]
+    assert "its series (label sets)" in words["one series for the whole cluster: no by (instance)"]
+    assert "in MiB" in words["the object store in bytes, not MiB"]
+    assert "the window passed in" in words["the notebook's window hard-coded"]
+    assert "summed by ray_train_worker_world_rank" in words[
+        "report time grouped by the counter's label, which Ray Train's series lack"
+    ]
     assert "each rank trained alone" in words["no DDP wrapper: each rank trains alone"]
     assert (
         "the sum of the parameters the grader read"
@@ -84,10 +104,8 @@ def test_lab01_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
             "imports ddtk.manifests.load_documents"),
         3: ("a8b3465f", "from ddtk.examples.ray_digits import train_loop_per_worker",
             "imports ddtk.examples.ray_digits.train_loop_per_worker"),
-        4: ("28124bec", "from prometheus_client.parser import text_string_to_metric_families\n"
-            "def parse_prometheus(text):\n"
-            "    return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text)"
-            " for s in f.samples]", "imports prometheus_client.parser"),
+        4: ("28124bec", "from ddtk.course.judges.lab01 import reference_queries as cluster_queries",
+            "imports ddtk.course.judges.lab01.reference_queries"),
         5: ("661c2225", "from ddtk.examples.cnn_ddp import main as ddp_train",
             "imports ddtk.examples.cnn_ddp.main"),
         6: ("cb951e0e", "import ddtk.course.checks as c\nc.expect = lambda *a, **k: None",
@@ -101,19 +119,79 @@ def test_lab01_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
         assert audit(source, (*ddp.forbid, "ddtk.course"), ddp.allow) == [], module
 
 
-def test_lab01_seeded_expositions_parse_as_the_judge_expects() -> None:
-    from prometheus_client.parser import text_string_to_metric_families
+WRONG_QUERIES = {  # plausible mistakes in exercise 4, each with the panel it answers
+    "no run matcher": ("samples_per_s", "sum by (rank) (rate(ray_lab01_train_samples_total[{w}]))"),
+    "avg for sum": ("samples_per_s", 'avg by (rank) (rate(ray_lab01_train_samples_total{{run="{r}"}}[{w}]))'),
+    "another window": ("samples_per_s", 'sum by (rank) (rate(ray_lab01_train_samples_total{{run="{r}"}}[5s]))'),
+    "irate": ("samples_per_s", 'sum by (rank) (irate(ray_lab01_train_samples_total{{run="{r}"}}[{w}]))'),
+    "no run matcher (report)": ("report_blocked", "sum by (ray_train_worker_world_rank) (rate(ray_train_report_total_blocked_time_s[{w}]))"),
+    "bytes": ("object_store_mib", "sum by (instance) (ray_object_store_used_memory)"),
+    "every label kept": ("cpu_percent", "ray_node_cpu_utilization"),
+}  # fmt: skip
+RIGHT_QUERIES = {  # other spellings of the same answers
+    "max by": ("cpu_percent", "max by (instance) (ray_node_cpu_utilization)"),
+    "by after": ("object_store_mib", "sum(ray_object_store_used_memory) by (instance) / 1024 / 1024"),
+}
 
-    from ddtk.course.judges.lab01 import _canonical, prometheus_text
 
-    escaped = 0
-    for seed in range(40):
-        text, want = prometheus_text(random.Random(seed))
-        reference = [(s.name, dict(s.labels), s.value)
-                     for f in text_string_to_metric_families(text) for s in f.samples]  # fmt: skip
-        assert _canonical(reference) == _canonical(want), seed
-        escaped += any(e in text for e in ('\\"', "\\\\", '="line1\\n'))
-    assert escaped >= 30  # most expositions hold escaped label values
+@pytest.mark.usefixtures("prometheus")
+def test_lab01_recorded_cluster_tells_the_judges_queries_from_wrong_ones() -> None:
+    """On every seed, each wrong query differs from the judge's own in at least one of the
+    three cases, each right spelling agrees in all, and the judge's series are not empty."""
+    import time
+
+    from ddtk.course.judges import lab01
+    from ddtk.course.judges._recorded import recorded_prometheus
+
+    for seed in range(4):
+        recorded = lab01.recorded_cluster(random.Random(seed), time.time())
+        caught = dict.fromkeys(WRONG_QUERIES, False)
+        with recorded_prometheus(recorded.text) as prom:
+            for run, window, at in recorded.cases:
+                reference = lab01.reference_queries(run, window)
+                want = {k: lab01._by_labels(prom.query(q, at=at)) for k, q in reference.items()}
+                assert all(want.values()), (seed, run, want)
+                for name, (panel, query) in WRONG_QUERIES.items():
+                    text = query.format(r=run, w=window)
+                    caught[name] |= lab01._query_problem(prom, text, want[panel], at) is not None
+                for name, (panel, query) in RIGHT_QUERIES.items():
+                    assert lab01._query_problem(prom, query, want[panel], at) is None, (seed, name)
+        assert all(caught.values()), (seed, caught)
+
+
+@pytest.mark.usefixtures("prometheus")
+def test_recorded_series_that_promtool_refuses_fail_with_its_reason() -> None:
+    from ddtk.course.judges._recorded import recorded_prometheus
+    from ddtk.monitoring.prometheus import PrometheusError
+
+    with pytest.raises(PrometheusError, match="promtool could not import"), recorded_prometheus(
+        "demo_total 1 1700000000\n"  # no # EOF: not OpenMetrics
+    ):
+        pass
+
+
+def test_lab01_metrics_stand_in_checks_what_ray_checks() -> None:
+    from ddtk.course.judges.lab01 import MetricsLog, metrics_module
+
+    log = MetricsLog()
+    metrics = metrics_module(log)
+    counter = metrics.Counter("lab01_train_samples", tag_keys=("run", "rank"))
+    counter.inc(32, tags={"run": "r", "rank": "0"})
+    counter.inc(8, tags={"run": "r", "rank": "0"})
+    for call, error in (
+        (lambda: counter.inc(0, tags={"run": "r", "rank": "0"}), "value must be >0"),
+        (lambda: counter.inc(1, tags={"run": "r"}), "Missing value for tag key"),
+        (lambda: counter.inc(1, tags={"run": "r", "rank": 0}), "Tag values must be str"),
+        (lambda: metrics.Counter("x", tag_keys=["run"]), "tag_keys should be a tuple"),
+        (lambda: metrics.Summary, "no ray.util.metrics.Summary"),
+        (lambda: metrics.Histogram("h", tag_keys=("run",)), "boundaries argument should be"),
+        (lambda: counter.inc("8", tags={"run": "r", "rank": "0"}), "value must be int or float"),
+    ):
+        with pytest.raises((ValueError, TypeError, AttributeError), match=error):
+            call()
+    metrics.Gauge("g").set(None)  # Ray ignores a None: nothing recorded
+    assert log.totals() == [{"kind": "counter", "name": "lab01_train_samples",
+                             "tags": {"run": "r", "rank": "0"}, "calls": 2, "sum": 40.0}]  # fmt: skip
 
 
 def test_lab01_scaling_cases_never_come_sorted() -> None:

@@ -25,7 +25,10 @@ EXERCISES = 7
 
 @pytest.fixture(autouse=True)
 def _ray() -> None:
+    from test_course_grade import require_prometheus
+
     import_or_require("ray", "ray")
+    require_prometheus()  # part 3 scrapes the cluster with a real Prometheus
 
 
 def test_every_check_fails_on_the_stub_and_passes_on_the_solution(execution_cache) -> None:

@@ -8,7 +8,7 @@ that the stub fails, the solution passes and every mutant fails, with the messag
 saying why. Exercise 7 (the interpretation) is not judged, so it has no mutants.
 """
 
-CLUSTER, RAYCLUSTER, LOOP, PARSER, DDP, TABLE = (
+CLUSTER, RAYCLUSTER, LOOP, QUERIES, DDP, TABLE = (
     "c497dfd5", "7f0c1c5d", "a8b3465f", "28124bec", "661c2225", "cb951e0e",
 )  # fmt: skip
 
@@ -105,46 +105,50 @@ MUTANTS = {
             LOOP,
             [('lr=config["lr"]', "lr=0.05")],
         ),
+        "the samples counted once per epoch, not per step": (
+            LOOP,
+            [
+                ('            samples_total.inc(len(batch["label"]), tags=tags)\n', ""),
+                (
+                    "        train_s = time.perf_counter() - began\n",
+                    "        train_s = time.perf_counter() - began\n"
+                    "        samples_total.inc(samples, tags=tags)\n",
+                ),
+            ],
+        ),
+        "the notebook's run name hard-coded in the counter's tags": (
+            LOOP,
+            [('"run": context.get_experiment_name()', '"run": "part2"')],
+        ),
     },
     4: {
-        "labels split on every comma": (
-            PARSER,
-            [
-                (
-                    "            i = 0\n            while True:\n"
-                    '                while i < len(rest) and rest[i] in ", ":\n',
-                    '            inside, rest = rest.split("}", 1)\n'
-                    '            for pair in filter(None, inside.split(",")):\n'
-                    '                key, raw = pair.split("=", 1)\n'
-                    "                labels[key.strip()] = raw.strip().strip('\"')\n"
-                    "            i = 0\n            while False:\n"
-                    '                while i < len(rest) and rest[i] in ", ":\n',
-                )
-            ],
+        "one series for the whole cluster: no by (instance)": (
+            QUERIES,
+            [('"avg by (instance) (ray_node_cpu_utilization)"', '"avg(ray_node_cpu_utilization)"')],
         ),
-        "escapes kept as written": (
-            PARSER,
-            [
-                (
-                    "                        value.append(\n"
-                    r"""                            {"n": "\n", "\\": "\\", '"': '"'}.get(rest[j + 1], rest[j + 1])"""
-                    "\n                        )\n",
-                    "                        value.append(rest[j : j + 2])\n",
-                )
-            ],
+        "the object store in bytes, not MiB": (
+            QUERIES,
+            [("(ray_object_store_used_memory) / 2^20", "(ray_object_store_used_memory)")],
         ),
-        "the timestamp read as the value": (
-            PARSER,
-            [("float(fields[0])", "float(fields[-1])")],
+        "every run's workers: no matcher on the run": (
+            QUERIES,
+            [('ray_lab01_train_samples_total{{run="{run}"}}', "ray_lab01_train_samples_total")],
         ),
-        "the check cell's reference parser instead of one's own": (
-            PARSER,
-            [
-                (
-                    "    for line in text.splitlines():\n",
-                    "    return reference_samples(text)\n    for line in text.splitlines():\n",
-                )
-            ],
+        "the notebook's window hard-coded": (
+            QUERIES,
+            [('{{run="{run}"}}[{window}]', '{{run="{run}"}}[4s]')],
+        ),
+        "the increase over the window instead of the rate": (
+            QUERIES,
+            [("sum by (rank) (rate(", "sum by (rank) (increase(")],
+        ),
+        "a rank's workers averaged instead of summed": (
+            QUERIES,
+            [("sum by (rank) (rate(", "avg by (rank) (rate(")],
+        ),
+        "report time grouped by the counter's label, which Ray Train's series lack": (
+            QUERIES,
+            [("sum by (ray_train_worker_world_rank) (rate(", "sum by (rank) (rate(")],
         ),
     },
     5: {

@@ -29,12 +29,20 @@ answer can:
    the judge's own two-rank data-parallel SGD; each report's loss, accuracy (global),
    samples and ids, rank 0's checkpoint of every epoch (the unwrapped model's weights
    at that epoch) and the TensorBoard scalars are compared with the judge's reference.
+   A stand-in of ``ray.util.metrics`` records what the loop exports: a Counter
+   ``lab01_train_samples`` tagged with the run's seeded name and the rank must add up
+   to every sample the rank trained on, one ``inc`` per step at least.
    Ray Train itself does not run here (a real ``TorchTrainer`` costs about 35 s):
-   the notebook's own check runs it.
-4. **Prometheus parser**: seeded expositions the judge writes (HELP and TYPE lines,
-   counters, gauges, histograms, summaries, untyped samples, timestamps, ``NaN`` and
-   infinities, label values with commas, braces, ``=``, ``#``, ``\\"``, ``\\\\`` and
-   ``\\n``); the judge knows every sample it wrote.
+   the notebook's own check runs it, and reads the counter back from Prometheus.
+4. **PromQL queries**: the judge writes two to four nodes' and two Ray Train runs'
+   series in the shape Ray exports them (per-node CPU and object store, per-worker
+   sample counters in bursts and report-blocked seconds, a worker restarted halfway),
+   imports them into a real Prometheus with ``promtool`` (:mod:`._recorded`), and
+   runs the learner's ``cluster_queries(run, window)`` for seeded run names and
+   windows at seeded instants next to its own queries: the series (label sets) and
+   every value must be the same. A missing run matcher, ``by`` clause or unit
+   conversion, another window, ``increase`` for ``rate`` or ``avg`` for ``sum`` each
+   give other numbers.
 5. **plain DDP**: ``ddtk.launch(ddp_train, world_size=2, backend="gloo")`` as the lab
    does, with ``digits_split`` serving a seeded subset of digits and a seeded
    learning rate, batch size and epoch count. The probe counts DDP's gradient
@@ -60,6 +68,7 @@ import random
 import sys
 import types
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ddtk.course.checks import CheckFailed, expect
@@ -643,9 +652,112 @@ class _StandInModule(types.ModuleType):
         raise AttributeError(
             f"the grader runs your loop under a stand-in of Ray Train's worker API, which has "
             f"no {self.__name__}.{name}; it has ray.train.get_context, get_dataset_shard, report, "
-            "get_checkpoint, Checkpoint, ray.train.torch.prepare_model and get_device, and "
-            "ray.get_runtime_context"
+            "get_checkpoint, Checkpoint, ray.train.torch.prepare_model and get_device, "
+            "ray.get_runtime_context, and ray.util.metrics's Counter, Gauge and Histogram"
         )
+
+
+class MetricsLog:
+    """What a loop did with ``ray.util.metrics`` in one rank: the metrics it created and
+    every value it recorded, kept as data by the stand-in classes of :func:`metrics_module`."""
+
+    def __init__(self) -> None:
+        self.created: list[dict[str, Any]] = []
+        self.records: list[dict[str, Any]] = []
+
+    def totals(self) -> list[dict[str, Any]]:
+        """One entry per (kind, name, tags): how many values were recorded and their sum."""
+        out: dict[tuple, dict[str, Any]] = {}
+        for r in self.records:
+            key = (r["kind"], r["name"], tuple(sorted(r["tags"].items())))
+            entry = out.setdefault(key, {"kind": r["kind"], "name": r["name"],
+                                         "tags": r["tags"], "calls": 0, "sum": 0.0})  # fmt: skip
+            entry["calls"] += 1
+            entry["sum"] += r["value"]
+        return list(out.values())
+
+
+def metrics_module(log: MetricsLog) -> types.ModuleType:
+    """A stand-in of ``ray.util.metrics`` that records into ``log``, with Ray 2.60's own
+    checks (tag keys a tuple of str, tag values str, every tag key given, values int or
+    float, ``inc`` > 0, a histogram's boundaries positive), so that what runs under it
+    runs under Ray, and the other way round."""
+    module = _StandInModule("ray.util.metrics")
+
+    class Metric:
+        kind = "metric"
+
+        def __init__(self, name: str, description: str = "",
+                     tag_keys: tuple[str, ...] | None = None) -> None:  # fmt: skip
+            if not name:
+                raise ValueError("Empty name is not allowed. Please provide a metric name.")
+            keys = tag_keys or ()
+            if not isinstance(keys, tuple):
+                raise TypeError(f"tag_keys should be a tuple type, got: {type(keys)}")
+            if not all(isinstance(k, str) for k in keys):
+                raise TypeError(f"Tag keys must be str, got {[type(k) for k in keys]}.")
+            self._name, self._keys, self._defaults = str(name), keys, {}
+            log.created.append({"kind": self.kind, "name": self._name, "tag_keys": list(keys)})
+
+        def set_default_tags(self, default_tags: dict[str, str]) -> Metric:
+            for key, value in default_tags.items():
+                if key not in self._keys:
+                    raise ValueError(f"Unrecognized tag key {key}.")
+                if not isinstance(value, str):
+                    raise TypeError(f"Tag values must be str, got {type(value)}.")
+            self._defaults = dict(default_tags)
+            return self
+
+        def _record(self, value: float, tags: dict[str, str] | None) -> None:
+            for v in (tags or {}).values():
+                if not isinstance(v, str):
+                    raise TypeError(f"Tag values must be str, got {type(v)}.")
+            final = {**self._defaults, **(tags or {})}
+            missing = [k for k in self._keys if k not in final]
+            if missing:
+                raise ValueError(f"Missing value for tag key(s): {','.join(missing)}.")
+            log.records.append({"kind": self.kind, "name": self._name,
+                                "tags": {str(k): v for k, v in final.items()}, "value": float(value)})  # fmt: skip
+
+    def _number(value: Any) -> float:
+        if not isinstance(value, int | float):  # as Ray: a bool is an int
+            raise TypeError(f"value must be int or float, got {type(value)}.")
+        return float(value)
+
+    class Counter(Metric):
+        kind = "counter"
+
+        def inc(self, value: float = 1.0, tags: dict[str, str] | None = None) -> None:
+            if _number(value) <= 0:
+                raise ValueError(f"value must be >0, got {value}")
+            self._record(value, tags)
+
+    class Gauge(Metric):
+        kind = "gauge"
+
+        def set(self, value: float | None, tags: dict[str, str] | None = None) -> None:
+            if value is not None:  # Ray ignores a None
+                self._record(_number(value), tags)
+
+    class Histogram(Metric):
+        kind = "histogram"
+
+        def __init__(self, name: str, description: str = "", boundaries: Any = None,
+                     tag_keys: tuple[str, ...] | None = None) -> None:  # fmt: skip
+            super().__init__(name, description, tag_keys)
+            if not boundaries:
+                raise ValueError("boundaries argument should be provided when using the "
+                                 'Histogram class. e.g., Histogram("name", boundaries=[1.0, 2.0])')  # fmt: skip
+            for i, boundary in enumerate(boundaries):
+                if boundary <= 0:
+                    raise ValueError(f"Invalid `boundaries` argument at index {i}, {boundaries}. "
+                                     "Use positive values for the arguments.")  # fmt: skip
+
+        def observe(self, value: float, tags: dict[str, str] | None = None) -> None:
+            self._record(_number(value), tags)
+
+    module.Counter, module.Gauge, module.Histogram = Counter, Gauge, Histogram
+    return module
 
 
 class _Shard:
@@ -687,13 +799,16 @@ class _Shard:
 def _install_ray_stand_in(rank: int, world: int, node_id: str, shards: dict[str, _Shard],
                           storage: str, observer: _Observer, *, checkpoint: str | None = None,
                           read: Callable[[Any, str], dict[str, Any]] | None = None,
+                          experiment: str = "lab01-judge", metrics: MetricsLog | None = None,
                           ) -> list[dict[str, Any]]:  # fmt: skip
     """Put stand-ins of ``ray``, ``ray.train`` and ``ray.train.torch`` in ``sys.modules``
     of this rank; return the list each ``ray.train.report`` appends to.
 
     ``checkpoint``: the directory ``ray.train.get_checkpoint()`` hands out (None: a fresh
     run); ``read(folder, name)``: what a reported checkpoint's copy holds, as data (by
-    default :func:`_read_checkpoint`, lab 01's ``model.pt``)."""
+    default :func:`_read_checkpoint`, lab 01's ``model.pt``); ``experiment``: the run's
+    name (``get_experiment_name()``); ``metrics``: where ``ray.util.metrics`` records
+    (None: the stand-in has no ``ray.util``)."""
     import shutil
     from pathlib import Path
 
@@ -718,7 +833,7 @@ def _install_ray_stand_in(rank: int, world: int, node_id: str, shards: dict[str,
             return 0
 
         def get_experiment_name(self) -> str:
-            return "lab01-judge"
+            return experiment
 
     class Checkpoint:
         def __init__(self, path: str) -> None:
@@ -776,6 +891,11 @@ def _install_ray_stand_in(rank: int, world: int, node_id: str, shards: dict[str,
     train_torch.get_device = lambda: torch.device("cpu")
     train_torch.get_devices = lambda: [torch.device("cpu")]
     sys.modules.update({"ray": ray, "ray.train": train, "ray.train.torch": train_torch})
+    if metrics is not None:
+        util = _StandInModule("ray.util")
+        util.__path__ = []
+        ray.util, util.metrics = util, metrics_module(metrics)
+        sys.modules.update({"ray.util": util, "ray.util.metrics": util.metrics})
     return reports
 
 
@@ -809,14 +929,21 @@ def _train_rank(ctx: Any, loop: bytes, data: dict[str, list], config: dict[str, 
     """One rank of the exercise-3 probe: stand-ins installed, then the learner's loop."""
     import cloudpickle
 
-    observer = _Observer()
+    observer, metrics = _Observer(), MetricsLog()
     observer.install()
     shards = {name: _Shard(*parts[ctx.rank]) for name, parts in data.items()}
-    reports = _install_ray_stand_in(ctx.rank, ctx.world_size, node_ids[ctx.rank], shards, storage, observer)  # fmt: skip
+    reports = _install_ray_stand_in(ctx.rank, ctx.world_size, node_ids[ctx.rank], shards, storage,
+                                    observer, experiment=run_name(node_ids), metrics=metrics)  # fmt: skip
     cloudpickle.loads(loop)(dict(config))
     return {"reports": reports, "params": observer.final_params(),
             "prepared": len(observer.prepared), "grad_reductions": observer.grad_reductions,
-            "all_reduces": observer.all_reduces}  # fmt: skip
+            "all_reduces": observer.all_reduces, "metrics_created": metrics.created,
+            "metrics": metrics.totals()}  # fmt: skip
+
+
+def run_name(node_ids: list[str]) -> str:
+    """The seeded name of the judge's run (``get_experiment_name()``), never the lab's."""
+    return f"judge-{node_ids[0][:6]}"
 
 
 def probe_loop(ns: dict[str, Any], data: dict[str, list], config: dict[str, Any],
@@ -960,6 +1087,32 @@ def check_loop(ctx: Context) -> None:
                 continue
             _check_checkpoint(ckpt, e, ref["states"][e], where)
     _check_tensorboard(got["tensorboard"], [rep["metrics"] for rep in ranks[0]["reports"]], epochs)
+    for r, rank in enumerate(ranks):
+        steps = epochs * math.ceil(len(data["train"][r][1]) / bs)
+        _check_samples_counter(rank, r, run_name(node_ids), epochs * len(data["train"][r][1]), steps)
+
+
+SAMPLES_COUNTER = "lab01_train_samples"  # Prometheus: ray_lab01_train_samples_total
+
+
+def _check_samples_counter(rank: Mapping[str, Any], r: int, run: str, samples: int, steps: int) -> None:
+    """Rank ``r`` counted every sample it trained on, step by step, in the Counter
+    ``lab01_train_samples`` tagged with the run's name and its rank."""
+    made = [m for m in rank["metrics_created"] if m["name"] == SAMPLES_COUNTER]
+    expect(made and made[0]["kind"] == "counter" and sorted(made[0]["tag_keys"]) == ["rank", "run"],
+           f"the ray.util.metrics metric {SAMPLES_COUNTER!r} rank {r} created",
+           expected="a Counter with tag_keys ('run', 'rank')",
+           got=made or f"none (created: {[m['name'] for m in rank['metrics_created']]})")  # fmt: skip
+    tags = {"run": run, "rank": str(r)}
+    mine = [t for t in rank["metrics"] if t["name"] == SAMPLES_COUNTER]
+    got = [(t["tags"], t["calls"], round(t["sum"], 6)) for t in mine]
+    expect([(t["tags"], t["sum"]) for t in mine] == [(tags, float(samples))],
+           f"what rank {r} added to {SAMPLES_COUNTER} (the grader's run is named {run!r})",
+           expected=f"{samples} (every sample it trained on) under tags {tags}",
+           got=f"(tags, inc calls, sum) {got}")  # fmt: skip
+    expect(mine[0]["calls"] >= steps, f"inc calls on {SAMPLES_COUNTER} by rank {r}",
+           expected=f">= {steps}, one per training step (Prometheus sees the count grow while "
+           "the epoch runs)", got=mine[0]["calls"])  # fmt: skip
 
 
 def _check_checkpoint(ckpt: Any, epoch: int, want: Mapping[str, Any], where: str) -> None:
@@ -999,119 +1152,176 @@ def _check_tensorboard(scalars: Any, reported: list[dict[str, Any]], epochs: int
 
 # ------------------------------------------------------------------ exercise 4
 
-
-def _escape(value: str) -> str:
-    """A label value as the exposition format writes it (backslash, quote, newline escaped)."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-_LABEL_VALUES = ["/api/v1/jobs", "a,b", 'say "hi"', "c:\\temp\\logs", "line1\nline2", "x=y,z=w",
-                 "{braces}", "# not a comment", "  spaced  ", "", "ünïcode ✓", "10.0.0.7:8080",
-                 'mixed \\"both\\" ,\n', "RUNNING", "FINISHED", "a}b{c", "\\n is not a newline"]  # fmt: skip
-
-
-def prometheus_text(rng: random.Random) -> tuple[str, list[tuple[str, dict[str, str], float]]]:
-    """A seeded Prometheus text exposition and every sample in it, as the judge wrote them:
-    HELP and TYPE lines, free comments, blank lines, counters, gauges, histograms,
-    summaries and untyped samples, timestamps, NaN and infinities, escaped label values."""
-    lines: list[str] = []
-    samples: list[tuple[str, dict[str, str], float]] = []
-
-    def number() -> str:
-        kind = rng.random()
-        if kind < 0.15:
-            return rng.choice(["NaN", "+Inf", "-Inf"])
-        if kind < 0.35:
-            return str(rng.randint(-50, 10**6))
-        return repr(rng.choice([1, -1]) * rng.uniform(0, 10) * 10 ** rng.randint(-9, 12))
-
-    def sample(name: str, labels: dict[str, str], text: str) -> None:
-        body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-        if labels and rng.random() < 0.2:
-            body += ","  # a trailing comma is allowed
-        stamp = (
-            f" {rng.randint(1_600_000_000_000, 1_800_000_000_000)}" if rng.random() < 0.3 else ""
-        )
-        written = f"{name}{{{body}}}" if labels or rng.random() < 0.2 else name
-        lines.append(f"{written} {text}{stamp}")
-        samples.append((name, dict(labels), float(text)))
-
-    prefix = rng.choice(["ray", "node", "app", "judge"])
-    for i in range(rng.randint(6, 9)):
-        kind = rng.choice(["counter", "gauge", "histogram", "summary", "untyped"])
-        name = f"{prefix}_{rng.choice(['tasks', 'bytes', 'latency', 'cpu', 'object_store'])}_{i}"
-        if rng.random() < 0.3:
-            name = f"{prefix}:{name}"
-        keys = rng.sample(
-            ["State", "ip", "path", "Component", "job_id", "quote"], rng.randint(0, 3)
-        )
-        family = f"{name}_total" if kind == "counter" else name
-        if kind != "untyped" or rng.random() < 0.5:
-            help_text = rng.choice(
-                ["Help with \\\\ a backslash.", "Multi\\nline help.", "Plain help."]
-            )
-            lines += [f"# HELP {family} {help_text}", f"# TYPE {family} {kind}"]
-        if rng.random() < 0.3:
-            lines.append("# a free comment, with {braces} and 1.5")
-        for _ in range(rng.randint(1, 3)):
-            labels = {k: rng.choice(_LABEL_VALUES) for k in keys}
-            if kind == "histogram":
-                count = 0
-                for le in [*sorted(rng.sample([0.005, 0.01, 0.1, 0.5, 1.0, 2.5, 10.0], 3)), "+Inf"]:
-                    count += rng.randint(0, 20)
-                    sample(f"{name}_bucket", {**labels, "le": str(le)}, str(count))
-                sample(f"{name}_sum", labels, repr(rng.uniform(0, 100)))
-                sample(f"{name}_count", labels, str(count))
-            elif kind == "summary":
-                for q in ("0.5", "0.9", "0.99"):
-                    sample(name, {**labels, "quantile": q}, repr(rng.uniform(0, 5)))
-                sample(f"{name}_sum", labels, repr(rng.uniform(0, 500)))
-                sample(f"{name}_count", labels, str(rng.randint(1, 900)))
-            elif kind == "counter":
-                sample(family, labels, str(rng.randint(0, 10**7)))
-            else:
-                sample(name, labels, number())
-        if rng.random() < 0.5:
-            lines.append("")
-    return "\n".join(lines) + "\n", samples
+PANELS = ("cpu_percent", "object_store_mib", "samples_per_s", "report_blocked")
+_WANT = {  # what each query's result must be, in the words of the exercise
+    "cpu_percent": "each node's ray_node_cpu_utilization (percent), one series per node "
+                   "labelled by instance only",
+    "object_store_mib": "each node's ray_object_store_used_memory in MiB (bytes / 2^20), one "
+                        "series per node labelled by instance only",
+    "samples_per_s": "the per-second rate over the window passed in of "
+                     "ray_lab01_train_samples_total for that run only, summed by rank",
+    "report_blocked": "the per-second rate over the window passed in of "
+                      "ray_train_report_total_blocked_time_s for that run only "
+                      "(ray_train_run_name), summed by ray_train_worker_world_rank",
+}  # fmt: skip
 
 
-def probe_prometheus(ns: dict[str, Any], texts: list[str]) -> list[list]:
-    """``parse_prometheus`` on each text: ``(name, labels, value)`` lists, as data."""
-    out = []
-    for text in texts:
-        out.append([[_plain(n), _plain(dict(labels)), _plain(v)]
-                    for n, labels, v in ns["parse_prometheus"](text)])  # fmt: skip
+def reference_queries(run: str, window: str) -> dict[str, str]:
+    """The judge's own PromQL for exercise 4, evaluated on the same server as the answer's."""
+    return {
+        "cpu_percent": "avg by (instance) (ray_node_cpu_utilization)",
+        "object_store_mib": "sum by (instance) (ray_object_store_used_memory) / 2^20",
+        "samples_per_s": f'sum by (rank) (rate(ray_lab01_train_samples_total{{run="{run}"}}[{window}]))',
+        "report_blocked": "sum by (ray_train_worker_world_rank) (rate("
+        f'ray_train_report_total_blocked_time_s{{ray_train_run_name="{run}"}}[{window}]))',
+    }
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """Seeded series shaped like a Ray cluster's (OpenMetrics text, one sample per second),
+    and the cases to query them at: ``(run, window, unix time)``."""
+
+    text: str
+    cases: list[tuple[str, str, float]]
+
+
+def _family(lines: list[str], name: str, kind: str, series: list[tuple[dict, list]]) -> None:
+    """One OpenMetrics family: its TYPE line, then each series' ``(time, value)`` samples."""
+    lines.append(f"# TYPE {name} {kind}")
+    sample = f"{name}_total" if kind == "counter" else name
+    for labels, points in series:
+        body = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        lines += [f"{sample}{{{body}}} {v:.6g} {t:.1f}" for t, v in points]
+
+
+def _walk(rng: random.Random, times: list[float], step: Callable[[], float], start: float = 0.0,
+          low: float = 0.0, high: float = math.inf) -> list[tuple[float, float]]:  # fmt: skip
+    """A seeded path: ``start`` plus ``step()`` each second, kept within ``[low, high]``."""
+    value, out = start, []
+    for t in times:
+        value = min(high, max(low, value + step()))
+        out.append((t, value))
     return out
 
 
-def _canonical(samples: list) -> list:
-    """Samples as a sorted multiset; NaN made comparable."""
-    out = []
-    for name, labels, value in samples:
-        label_items = sorted(labels.items()) if isinstance(labels, dict) else [("?", repr(labels))]
-        v = "nan" if isinstance(value, float) and math.isnan(value) else value
-        out.append(
-            (str(name), label_items, repr(v) if not isinstance(v, int | float) else float(v))
-        )
-    return sorted(out, key=repr)
+def recorded_cluster(rng: random.Random, now: float) -> Recorded:
+    """Two to four nodes and two Ray Train runs over 150 s ending a minute before ``now``:
+    per-node CPU and object store, per-worker sample counters and report-blocked seconds.
+    Rank 1 of the first run restarts halfway (a new worker, its counter from 0), the runs
+    overlap, and the counters move in bursts: a query without the run's matcher, without
+    ``sum by``, or over another window gives other numbers."""
+    end = math.floor(now) - 60.5
+    times = [end - 149 + i for i in range(150)]
+    session = f"session_{rng.randrange(16**8):08x}"
+    nodes = []
+    for i in range(rng.randint(2, 4)):
+        ip = f"10.{rng.randint(0, 255)}.{rng.randint(0, 255)}.{i + 2}"
+        nodes.append({"instance": f"{ip}:{rng.randint(40000, 65000)}", "ip": ip,
+                      "IsHeadNode": str(i == 0).lower(), "SessionName": session, "job": "ray"})  # fmt: skip
+    cpu = [(n, _walk(rng, times, lambda: rng.uniform(-15, 15), rng.uniform(5, 95), 0, 100))
+           for n in nodes]  # fmt: skip
+    store = [({"Component": "raylet", "NodeAddress": n["ip"], "instance": n["instance"],
+               "SessionName": session, "job": "ray"},
+              [(t, round(v)) for t, v in _walk(rng, times, lambda: rng.uniform(-4e6, 4e6),
+                                               rng.uniform(1e6, 3e8), 0, 4e8)])
+             for n in nodes]  # fmt: skip
+    runs = []
+    while len(runs) < 2:
+        name = f"{rng.choice(['part2', 'digits', 'scale', 'resnet'])}-{rng.randrange(16**4):04x}"
+        if name not in runs:
+            runs.append(name)
+    mid = len(times) // 2
+    samples, blocked = [], []
+    for k, run in enumerate(runs):
+        span = times if k == 0 else times[rng.randint(10, 40):]
+        for rank in range(rng.randint(2, 4)):
+            node = nodes[rank % len(nodes)]
+            pieces = [span[:mid], span[mid:]] if (k, rank) == (0, 1) else [span]
+            for j, piece in enumerate(pieces):
+                worker = f"{rng.randrange(16**12):012x}"
+                labels = {"Component": "core_worker", "WorkerId": worker, "instance": node["instance"],
+                          "job": "ray", "SessionName": session}  # fmt: skip
+                # bursts, like epochs; a worker that is replaced was busy until it went
+                cut = len(piece) - 3 if j < len(pieces) - 1 else len(piece)
+                steps = iter([rng.randint(32, 900) if i >= cut else rng.choice([0, 0, 0, rng.randint(32, 900)])
+                              for i in range(len(piece))])  # fmt: skip
+                samples.append(({**labels, "run": run, "rank": str(rank)},
+                                _walk(rng, piece, lambda steps=steps: next(steps))))  # fmt: skip
+                blocked.append(({**labels, "ray_train_run_name": run,
+                                 "ray_train_worker_world_rank": str(rank)},
+                                _walk(rng, piece, lambda: rng.choice([0.0, rng.uniform(0, 0.9)]))))  # fmt: skip
+    lines: list[str] = []
+    _family(lines, "ray_node_cpu_utilization", "gauge", cpu)
+    _family(lines, "ray_object_store_used_memory", "gauge", store)
+    _family(lines, "ray_lab01_train_samples", "counter", samples)
+    _family(lines, "ray_train_report_total_blocked_time_s", "gauge", blocked)
+    lines.append("# EOF")
+    w1, w2, w3 = rng.sample([6, 8, 12, 15, 20, 25, 40], 3)
+    cases = [
+        (runs[0], f"{w1}s", times[mid] + w1 / 2),  # the restart inside the window
+        (runs[1], f"{w2}s", times[rng.randint(100, 149)]),
+        (runs[0], f"{w3}s", times[rng.randint(60, 149)]),
+    ]
+    return Recorded("\n".join(lines) + "\n", cases)
 
 
-def check_prometheus(ctx: Context) -> None:
-    rng = random.Random(ctx.seed)
-    cases = [prometheus_text(rng) for _ in range(3)]
-    got = ctx.worker().probe(f"{_P}:probe_prometheus", texts=[text for text, _ in cases])
-    for k, ((text, want), mine) in enumerate(zip(cases, got), start=1):
-        w, g = _canonical(want), _canonical(mine)
-        if w == g:
-            continue
-        missing = [s for s in w if s not in g][:2]
-        extra = [s for s in g if s not in w][:2]
-        raise CheckFailed(
-            f"parse_prometheus on the grader's seeded exposition {k} ({len(text.splitlines())} "
-            f"lines with comments, histograms, timestamps and escaped label values): expected "
-            f"{len(w)} samples, got {len(g)}; expected but missing {missing}; got instead {extra}"
-        )
+def probe_queries(ns: dict[str, Any], cases: list[tuple[str, str]]) -> list[Any]:
+    """``cluster_queries(run, window)`` for each case, as data."""
+    return [_plain(ns["cluster_queries"](run, window)) for run, window in cases]
+
+
+def _by_labels(samples: list[Any]) -> dict[tuple, float]:
+    return {tuple(sorted(s.labels.items())): s.value for s in samples}
+
+
+def _shown(result: dict[tuple, float]) -> str:
+    """A query result in a line: ``{instance=...}: 12.5``, at most four series."""
+    items = [f"{{{', '.join(f'{k}={v}' for k, v in key)}}}: {value:.6g}"
+             for key, value in sorted(result.items())]  # fmt: skip
+    return "; ".join(items[:4]) + (f"; ... ({len(items)} series)" if len(items) > 4 else "") or "empty"
+
+
+def _query_problem(prom: Any, query: Any, want: dict[tuple, float], at: float) -> str | None:
+    """None when ``query`` gives ``want`` at ``at``, else what differs."""
+    from ddtk.monitoring.prometheus import PrometheusError
+
+    if not isinstance(query, str) or not query.strip() or len(query) > 2000:
+        return f"expected a PromQL string, got {str(query)[:100]!r}"
+    try:
+        got = _by_labels(prom.query(query, at=at))
+    except (PrometheusError, OSError) as exc:
+        return f"Prometheus refused it: {str(exc)[-300:]}"
+    if sorted(got) != sorted(want):
+        return f"its series (label sets) are {_shown(got)}; expected {_shown(want)}"
+    off = [k for k in want if not _close(got[k], want[k], rel=1e-6, abs_=1e-9)]
+    return f"values {_shown(got)}; expected {_shown(want)}" if off else None
+
+
+def check_queries(ctx: Context) -> None:
+    import time
+
+    from ddtk.course.judges._recorded import recorded_prometheus
+
+    recorded = recorded_cluster(random.Random(ctx.seed), time.time())
+    calls = [(run, window) for run, window, _ in recorded.cases]
+    answers = ctx.worker().probe(f"{_P}:probe_queries", cases=calls)
+    for (run, window), answer in zip(calls, answers):
+        keys = sorted(answer) if isinstance(answer, dict) else type(answer).__name__
+        expect(keys == sorted(PANELS), f"cluster_queries({run!r}, {window!r})",
+               expected=f"a dict with the keys {list(PANELS)}", got=keys)  # fmt: skip
+    with recorded_prometheus(recorded.text) as prom:
+        for (run, window, at), answer in zip(recorded.cases, answers):
+            reference = reference_queries(run, window)
+            for key in PANELS:
+                want = _by_labels(prom.query(reference[key], at=at))
+                problem = _query_problem(prom, answer[key], want, at)
+                if problem:
+                    raise CheckFailed(
+                        f"cluster_queries({run!r}, {window!r})[{key!r}] = {answer[key]!r}, run by "
+                        f"the grader's Prometheus on its seeded series of a Ray cluster (two runs, "
+                        f"a restarted worker) at one instant: {problem}. Expected {_WANT[key]}"
+                    )
 
 
 # ------------------------------------------------------------------ exercise 5
@@ -1327,8 +1537,8 @@ JUDGE = LabJudge(
         2: Exercise(2, "complete the RayCluster", ("7f0c1c5d",), check_raycluster,
                     ("ddtk.manifests", "ddtk.examples")),
         3: Exercise(3, "training loop", ("a8b3465f",), check_loop, _TRAINING),
-        4: Exercise(4, "Prometheus parser", ("28124bec",), check_prometheus,
-                    ("prometheus_client", "ddtk.monitoring", "ddtk.profiling")),
+        4: Exercise(4, "PromQL queries", ("28124bec",), check_queries,
+                    ("ddtk.monitoring", "ddtk.profiling", "ddtk.examples")),
         5: Exercise(5, "plain DDP", ("661c2225",), check_ddp, _TRAINING, _DATA),
         6: Exercise(6, "scaling table", ("cb951e0e",), check_scaling,
                     ("ddtk.profiling", "ddtk.project", "ddtk.bench")),
