@@ -392,9 +392,11 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
     try:
         entry = catalog.find(args.lab)
-        if entry.kind != "lab":
-            raise CollectError(f"{args.lab!r} is not a lab")
-        got = collect(args.pattern, Path(entry.path).name, Path(args.out))
+        if entry.kind not in ("lab", "lecture"):
+            raise CollectError(f"{args.lab!r} is not a lab or a lecture")
+        # a learner's lab is labs/<name> (solutions/ is the instructor's); a lecture ships as is
+        folder = "labs" if entry.kind == "lab" else Path(entry.path).parent.as_posix()
+        got = collect(args.pattern, Path(entry.path).name, Path(args.out), folder)
     except (CollectError, ValueError, OSError) as exc:
         return _error(str(exc))
     console = _console()
@@ -693,11 +695,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_root(p)
     p.set_defaults(func=cmd_book)
 
-    p = sub.add_parser("collect", help="copy a lab's notebooks out of the learners' copies")
+    p = sub.add_parser(
+        "collect", help="copy a lab's (or a lecture's) notebooks out of the learners' copies"
+    )
     p.add_argument("pattern", metavar="PATTERN",
                    help="a glob of the learners' copies; its first wildcard names the student, "
                    "e.g. '/home/*/dtas-2027'")  # fmt: skip
-    p.add_argument("lab", metavar="LAB", help="the lab's short name, e.g. lab01")
+    p.add_argument(
+        "lab", metavar="LAB", help="the lab's short name, e.g. lab01, or a lecture's, e.g. 01"
+    )
     p.add_argument("--out", required=True, help="a new folder: OUT/<student>/ for each")
     p.set_defaults(func=cmd_collect)
 

@@ -5,7 +5,8 @@ nbgitpuller put it): ``/home/<user>/<repo>/labs/lab01-ray-train.ipynb``. A glob 
 ``'/home/*/dtas-2027'`` names those copies; the part the first wildcard matched is the
 student (``<user>``). Each student's notebook and the hand-in report it wrote
 (``labNN-report.md``, ``labNN-report.json``) are copied to ``OUT/<student>/``, the layout
-``ddtk course grade`` reads.
+``ddtk course grade`` reads. A lecture's exercises are collected the same way, from
+``course/`` (``ddtk course collect '/home/*/dtas-2027' 01``), with no hand-in report.
 
 A learner controls their home, so only regular files are copied, never a link (a link
 to a classmate's notebook would hand in the classmate's work), and never more than
@@ -58,27 +59,30 @@ def _regular(path: Path) -> str | None:
     return None
 
 
-def collect(pattern: str, notebook: str, out: Path) -> Collected:
-    """Copy ``labs/<notebook>`` (and its ``labNN-report.*``) of every copy ``pattern``
-    matches into ``out/<student>/``."""
+def collect(pattern: str, notebook: str, out: Path, folder: str = "labs") -> Collected:
+    """Copy ``<folder>/<notebook>`` (and a lab's ``labNN-report.*``) of every copy
+    ``pattern`` matches into ``out/<student>/``; ``folder``: ``labs`` for a lab, ``course``
+    for a lecture whose exercises are graded."""
     index = _student_index(pattern)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CollectError(f"{out} exists and is not an empty folder: choose a new OUT")
     word = notebook.split("-")[0]
-    names = [notebook, f"{word}-report.md", f"{word}-report.json"]
+    names = [notebook, *((f"{word}-report.md", f"{word}-report.json") if folder == "labs" else ())]
     result = Collected()
     for match in sorted(glob.glob(pattern)):
         copy = Path(match)
         if copy.is_symlink() or not copy.is_dir():
             continue
         student = copy.parts[index]
-        if (copy / "labs").is_symlink():
-            result.refused[f"{student}/labs"] = "a link, not the release's folder: not collected"
+        if (copy / folder).is_symlink():
+            result.refused[f"{student}/{folder}"] = (
+                "a link, not the release's folder: not collected"
+            )
             result.missing.append(student)
             continue
         got = []
         for name in names:
-            source = copy / "labs" / name
+            source = copy / folder / name
             why = _regular(source)
             if why == "missing":
                 continue

@@ -46,10 +46,10 @@ def _device(on_gpu: bool) -> torch.device:
     """This rank's GPU (``LOCAL_RANK``, set by torchrun and the deepspeed launcher), or the CPU."""
     import os
 
-    if not on_gpu:
-        return torch.device("cpu")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    torch.cuda.set_device(device)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local_rank}" if on_gpu else "cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
     return device
 
 
