@@ -32,7 +32,11 @@ SCHEMAS = DEPLOY / "schemas"
 CRDS = ROOT.parent / "shared" / "crds"
 CRDS_MONITORING_RDMA = ROOT.parent / "shared" / "crds-monitoring-rdma"
 SCRIPT = ROOT / "scripts" / "crd_schemas.py"
-YAML_FILES = sorted(p for pattern in ("*.yaml", "*.yml") for p in DEPLOY.rglob(pattern))
+# Helm values are no Kubernetes objects: tests/test_jupyterhub_values.py checks them against their chart.
+HELM_VALUES = {DEPLOY / "jupyterhub" / "values.yaml"}
+YAML_FILES = sorted(
+    p for pattern in ("*.yaml", "*.yml") for p in DEPLOY.rglob(pattern) if p not in HELM_VALUES
+)
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -415,3 +419,36 @@ def test_check_raises_with_every_error(raycluster: dict[str, Any]) -> None:
 def test_module_docstring_examples() -> None:
     result = doctest.testmod(manifests, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_monitoring_manifests_are_checked_and_agree_with_the_job() -> None:
+    """deploy/monitoring's PrometheusRule, PodMonitors and TrainJob are validated like the rest;
+    a typo in each names its path; the PodMonitors scrape the ports the ranks listen on."""
+    monitoring = DEPLOY / "monitoring"
+    docs = {p.name: list(yaml.safe_load_all(p.read_text())) for p in YAML_FILES if p.parent == monitoring}
+    assert {d["kind"] for ds in docs.values() for d in ds} == {"PrometheusRule", "PodMonitor", "TrainJob"}
+    ray_monitor, job_monitor = docs["podmonitor.yaml"]
+    endpoint = copy.deepcopy(job_monitor)["spec"]["podMetricsEndpoints"][0]
+    endpoint["relabeling"] = endpoint.pop("relabelings")
+    assert validate({**job_monitor, "spec": {**job_monitor["spec"], "podMetricsEndpoints": [endpoint]}}) == [
+        "spec.podMetricsEndpoints[0].relabeling: unknown field (did you mean 'relabelings'?)"
+    ]
+    [rule] = copy.deepcopy(docs["prometheusrule.yaml"])
+    rule["spec"]["groups"][0]["rules"][5]["for"] = "ten minutes"
+    (error,) = validate(rule)
+    assert error.startswith("spec.groups[0].rules[5].for: 'ten minutes' does not match")
+    # the TrainJob's ranks listen on --metrics-port + LOCAL_RANK: one endpoint per local rank
+    [job] = docs["profiled-trainjob.yaml"]
+    command = job["spec"]["trainer"]["command"]
+    base = int(command[command.index("--metrics-port") + 1])
+    ports = [r["replacement"] for e in job_monitor["spec"]["podMetricsEndpoints"] for r in e["relabelings"]
+             if r.get("targetLabel") == "__address__"]  # fmt: skip
+    assert ports == [f"$1:{base + i}" for i in range(job["spec"]["trainer"]["numProcPerNode"])]
+    assert job_monitor["spec"]["selector"]["matchLabels"]["jobset.sigs.k8s.io/jobset-name"] == job["metadata"]["name"]
+    # the Ray workers export on the named port that the other PodMonitor scrapes
+    cluster = _load("raycluster.yaml")
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        [container] = group["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert {"name": "ddtk-metrics", "containerPort": int(env["DDTK_METRICS_PORT"])} in container["ports"]
+    assert ray_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "ddtk-metrics"

@@ -16,6 +16,16 @@ Usage::
     with PrometheusServer([ScrapeJob("train", ["127.0.0.1:9101", "127.0.0.1:9102"])]) as prom:
         prom.wait_for_targets(2)
         prom.query('rate(ddtk_samples_total[30s])')
+
+A server is ready in well under a second and answers PromQL at once; its targets appear
+about 5 s after the start (Prometheus hands discovered targets to its scrapers on a
+5-second tick):
+
+>>> with PrometheusServer([ScrapeJob("nobody", ["127.0.0.1:9"])]) as prom:
+...     [sample] = prom.query("vector(6) * 7")
+...     targets_now = prom.targets()
+>>> sample.value, targets_now
+(42.0, [])
 """
 
 from __future__ import annotations
@@ -69,14 +79,22 @@ class PrometheusNotInstalled(PrometheusError):
 
 
 def find_binary(name: str = "prometheus") -> str:
-    """The path of ``prometheus`` or ``promtool``: ``$DDTK_PROMETHEUS``'s folder first, then PATH."""
+    """The path of ``prometheus`` or ``promtool``: from ``$DDTK_PROMETHEUS``'s folder when it
+    is set (and nowhere else: a path set on purpose that is wrong is an error, not a reason to
+    run another binary), else from PATH."""
     override = os.environ.get("DDTK_PROMETHEUS")
-    candidates = [str(Path(override).with_name(name))] if override else []
-    candidates.append(shutil.which(name) or "")
-    for path in candidates:
-        if path and os.access(path, os.X_OK):
-            return path
-    raise PrometheusNotInstalled(f"`{name}` was not found: {INSTALL_HINT}")
+    if override:
+        path = Path(override).with_name(name)
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+        raise PrometheusNotInstalled(
+            f"DDTK_PROMETHEUS={override}, but {path} is not an executable file: point it at "
+            f"the prometheus binary of a Prometheus release (promtool beside it), or unset it"
+        )
+    found = shutil.which(name)
+    if found:
+        return found
+    raise PrometheusNotInstalled(f"`{name}` was not found on PATH: {INSTALL_HINT}")
 
 
 @dataclass(frozen=True)
@@ -281,6 +299,7 @@ class PrometheusServer:
         """Stop the server and, when the folder was temporary, remove it. Safe to call twice."""
         self._kill()
         self.port = 0
+        atexit.unregister(self.stop)
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

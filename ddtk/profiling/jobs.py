@@ -159,13 +159,19 @@ class JobResult:
 
 
 def _busy_wait(ms: float, x: Any) -> None:
-    """Real compute for ``ms`` milliseconds (a slower node), not a sleep."""
+    """Real compute for ``ms`` milliseconds (a slower node), not a sleep.
+
+    In products of ``features x features`` matrices (about a millisecond each on a CPU
+    core), so a profiled window records a few hundred operators for the extra work
+    rather than tens of thousands of tiny ones, and its trace stays small.
+    """
     from torch.profiler import record_function
 
     with record_function("straggler:extra_compute"):
         end = time.perf_counter() + ms / 1e3
+        a = (x.T @ x).tanh()
         while time.perf_counter() < end:
-            x = (x @ x.T).tanh()[: x.shape[0], : x.shape[1]]
+            a = (a @ a).tanh()
 
 
 class _Collate:
@@ -227,12 +233,39 @@ def _register_hook(ddp: Any, name: str | None) -> None:
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
 
-def train_rank(ctx: Any, cfg: JobConfig, trace_dir: str | None) -> dict:
+def _exporter(rank: int, world: int, metrics_dir: str | None, tensorboard_dir: str | None,
+              metrics_port: int | None) -> Any:  # fmt: skip
+    """The rank's Prometheus exporter, or None (export off).
+
+    On ``127.0.0.1``: at port ``metrics_port + rank`` if given (a Prometheus configured with
+    those targets beforehand), else a free one; registered for ``file_sd`` in ``metrics_dir``
+    if given. Without either, as the environment asks (``DDTK_METRICS_PORT``,
+    ``DDTK_METRICS_DIR``: :meth:`~ddtk.monitoring.TrainingMetrics.from_env`).
+    """
+    from ddtk.monitoring.exporter import TrainingMetrics
+
+    if metrics_dir is not None or metrics_port is not None:
+        port = 0 if metrics_port is None else metrics_port + rank
+        return TrainingMetrics(rank, world, port=port, targets_dir=metrics_dir, tensorboard_dir=tensorboard_dir)
+    return TrainingMetrics.from_env(rank, world)
+
+
+def train_rank(
+    ctx: Any,
+    cfg: JobConfig,
+    trace_dir: str | None,
+    metrics_dir: str | None = None,
+    tensorboard_dir: str | None = None,
+    metrics_port: int | None = None,
+) -> dict:
     """One rank of the job; returns its measurements.
 
     ``ctx`` is the :class:`ddtk.DistributedContext` of :func:`run_job`, or None where
     something else initialised ``torch.distributed`` (torchrun, Ray Train's
-    ``TorchTrainer``: see :func:`ray_train_loop`).
+    ``TorchTrainer``: see :func:`ray_train_loop`). With ``metrics_dir`` or ``metrics_port``
+    (or the variables of :meth:`ddtk.monitoring.TrainingMetrics.from_env`) the rank exports
+    its step time, samples, loss and, once the profiled window is written, its step shares
+    to Prometheus (the analysis of its trace is not counted in the next step's time).
     """
     import contextlib
 
@@ -261,11 +294,13 @@ def train_rank(ctx: Any, cfg: JobConfig, trace_dir: str | None) -> dict:
         else contextlib.nullcontext()
     )
     loss_value, t_start, marks = 0.0, None, [time.perf_counter()]
-    with prof:
+    metrics = _exporter(rank, world, metrics_dir, tensorboard_dir, metrics_port)
+    shared, step_began = False, marks[0]
+    with prof, metrics if metrics is not None else contextlib.nullcontext():
         for step, (x, y) in enumerate(_loader(cfg, rank, world, steps)):
             if step == prof.steps_needed:
                 dist.barrier()
-                t_start = time.perf_counter()
+                t_start = step_began = time.perf_counter()  # the profiler's stall is no step
             x, y = x.to(device), y.to(device)
             opt.zero_grad(set_to_none=True)
             for i, (xm, ym) in enumerate(
@@ -283,6 +318,12 @@ def train_rank(ctx: Any, cfg: JobConfig, trace_dir: str | None) -> dict:
             opt.step()
             prof.step()
             marks.append(time.perf_counter())
+            if metrics is not None:
+                metrics.step(marks[-1] - step_began, x.shape[0], float(loss.detach()) * cfg.micro_batches)
+                step_began = marks[-1]
+                if prof.written and not shared:  # the profiled window just closed
+                    shared = bool(metrics.shares_from_trace(prof.written[-1]))
+                    step_began = time.perf_counter()  # the analysis is not a training step
     dist.barrier()
     elapsed = time.perf_counter() - t_start if t_start is not None else 0.0
     window = slice(prof.wait + prof.warmup, prof.steps_needed)
@@ -310,7 +351,7 @@ def ray_train_loop(config: dict) -> None:
     torch.set_num_threads(1)
     job = config.get("job", "baseline")
     cfg = job_config(job) if isinstance(job, str) else job
-    ray.train.report(train_rank(None, cfg, config.get("trace_dir")))
+    ray.train.report(train_rank(None, cfg, config.get("trace_dir"), config.get("metrics_dir")))
 
 
 def run_job(
@@ -320,8 +361,17 @@ def run_job(
     backend: str = "auto",
     timeout: float = 300.0,
     echo: bool = False,
+    metrics_dir: str | Path | None = None,
+    tensorboard_dir: str | Path | None = None,
+    metrics_port: int | None = None,
 ) -> JobResult:
     """Run the job on ``world_size`` local ranks; profile into ``trace_dir`` if given.
+
+    Every rank serves Prometheus metrics (:class:`ddtk.monitoring.TrainingMetrics`) on
+    ``127.0.0.1`` when asked: with ``metrics_port``, rank ``r`` on port ``metrics_port + r``
+    (for a Prometheus given those targets); with ``metrics_dir``, on a free port that it
+    writes into ``metrics_dir/rank<r>.json`` for Prometheus's ``file_sd``. With
+    ``tensorboard_dir`` too, each rank writes TensorBoard scalars under ``rank<r>``.
 
     Throughput is measured over ``config.timed_steps`` steps that run after the profiled
     window, with the profiler already stopped. ``profiled_step_ms`` is the median step
@@ -338,13 +388,22 @@ def run_job(
             "comm_hook='bf16' needs the NCCL backend (PyTorch's bf16 hook is CUDA-only); "
             "on gloo use comm_hook='fp16' or 'powersgd'"
         )
+    if metrics_port is not None and (
+        isinstance(metrics_port, bool) or not isinstance(metrics_port, int)
+        or not 0 < metrics_port <= 65536 - world_size
+    ):  # fmt: skip
+        raise ValueError(f"metrics_port must be a port from 1 to {65536 - world_size} "
+                         f"(rank r listens on metrics_port + r), got {metrics_port!r}")  # fmt: skip
+    if tensorboard_dir is not None and metrics_dir is None and metrics_port is None:
+        raise ValueError("tensorboard_dir is written by each rank's exporter: give metrics_dir or metrics_port too")
     if trace_dir is not None:
         trace_dir = Path(trace_dir)
         trace_dir.mkdir(parents=True, exist_ok=True)
         for old in trace_dir.glob("rank*.json"):
             old.unlink()  # a trace from an earlier, larger run would be mixed in
     results = ddtk.launch(
-        train_rank, world_size=world_size, args=(cfg, str(trace_dir) if trace_dir else None),
+        train_rank, world_size=world_size,
+        args=(cfg, *(str(d) if d else None for d in (trace_dir, metrics_dir, tensorboard_dir)), metrics_port),
         backend=backend, timeout=timeout, echo=echo, validate=False,
     )  # fmt: skip
     elapsed = max(r["elapsed"] for r in results)
@@ -388,14 +447,8 @@ def torchrun_rank(job: str | JobConfig, trace_dir: str | None) -> dict:
         dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m ddtk.profiling.jobs JOB [-n N] [--trace-dir DIR]``: run a job.
-
-    Started plainly it launches its own ``N`` ranks (``ddtk.launch``), for py-spy to
-    sample. Started by ``torchrun`` it is one rank of a job that ``torchrun`` spreads
-    over its processes and nodes (``-n`` is then ignored): ``torchrun --nproc-per-node 8
-    -m ddtk.profiling.jobs slow --trace-dir /shared/traces``.
-    """
+def parse_args(argv: list[str] | None = None) -> Any:
+    """The command line of :func:`main` (``tests/test_manifests.py`` checks the manifests' against it)."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m ddtk.profiling.jobs", description=main.__doc__,
@@ -405,16 +458,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--trace-dir", default=None, help="profile a window of steps into DIR/rank<r>.json"
     )
-    args = p.parse_args(argv)
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default: the preset's)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on PORT + LOCAL_RANK (0: a free port)")  # fmt: skip
+    p.add_argument("--metrics-dir", default=None, help="register each rank for Prometheus's file_sd in DIR")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ddtk.profiling.jobs JOB [-n N] [--trace-dir DIR] [--steps N] [--metrics-port P]``: run a job.
+
+    Started plainly it launches its own ``N`` ranks (``ddtk.launch``), for py-spy to
+    sample. Started by ``torchrun`` it is one rank of a job that ``torchrun`` spreads
+    over its processes and nodes (``-n`` is then ignored): ``torchrun --nproc-per-node 8
+    -m ddtk.profiling.jobs slow --trace-dir /shared/traces``. ``--metrics-port``
+    and ``--metrics-dir`` export each rank's metrics to Prometheus (see
+    :meth:`ddtk.monitoring.TrainingMetrics.from_env`); ``--steps`` sets the timed steps.
+    """
+    import os
+
+    args = parse_args(argv)
+    cfg = job_config(args.job)
+    cfg = cfg if args.steps is None else cfg.replace(timed_steps=args.steps)
+    for var, value in (("DDTK_METRICS_PORT", args.metrics_port), ("DDTK_METRICS_DIR", args.metrics_dir)):
+        if value is not None:
+            os.environ[var] = str(value)  # read in each rank (ddtk.launch copies the environment)
     if under_torchrun():
-        out = torchrun_rank(args.job, args.trace_dir)
-        step_ms = 1e3 * out["elapsed"] / job_config(args.job).timed_steps
+        out = torchrun_rank(cfg, args.trace_dir)
+        step_ms = 1e3 * out["elapsed"] / max(cfg.timed_steps, 1)
         print(
             f"{args.job}: rank {out['rank']} of {out['world_size']}: {step_ms:.1f} ms per step",
             flush=True,
         )
         return 0
-    r = run_job(args.job, args.world_size, args.trace_dir)
+    r = run_job(cfg, args.world_size, args.trace_dir)
     print(f"{args.job}: {r.samples_per_s:.0f} samples/s, {r.step_ms:.1f} ms per step")
     return 0
 
