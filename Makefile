@@ -6,14 +6,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ddtk-installed
 BUILD_DEPS := $(VENV)/.ddtk-build-deps
-EXTRAS ?= ray,course,dev,horovod,deepspeed,tensorflow,profiling,book
+EXTRAS ?= ray,course,dev,horovod,deepspeed,tensorflow,profiling,book,monitoring
 PYTEST_ARGS ?=
 # pytest-xdist workers: 2 overlaps tests that wait with tests that compute, in the groups
 # of tests/scheduling.py; 0 runs every test in this process, in order
 TEST_JOBS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help lab test course book horovod horovod-wheel debs browser venv lint bench lock clean
+.PHONY: help lab test course book horovod horovod-wheel debs browser hub-proxy venv lint bench gpu-check lock clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -52,12 +52,24 @@ debs: ## Debian packages the tests use: chromium (the quiz's browser test), shel
 
 browser: debs
 
+# configurable-http-proxy for the local JupyterHub (deploy/jupyterhub/jupyterhub_config.py),
+# every npm package pinned by the lock file; a stamp, since npm dates the files it unpacks to 1985
+HUB_PROXY := .cache/hub-proxy/.installed
+$(HUB_PROXY): deploy/jupyterhub/proxy/package.json deploy/jupyterhub/proxy/package-lock.json
+	@if command -v npm >/dev/null; then \
+		mkdir -p $(@D) && cp $^ $(@D)/ \
+		&& npm ci --prefix $(@D) --no-audit --no-fund --loglevel=error >/dev/null && touch $@ \
+		|| echo "npm ci of configurable-http-proxy failed (the class-day test is skipped)"; \
+	else echo "npm is missing: install Node.js 20+ and npm (the class-day test is skipped)"; fi
+
+hub-proxy: $(HUB_PROXY) ## configurable-http-proxy 5.3.0 (npm, the chart's proxy) into .cache/hub-proxy, for the local JupyterHub
+
 lab: venv ## install everything and start JupyterLab on lecture 01 (root or not; URL printed)
 	$(BIN)/ddtk course lab
 
 test: ## run the whole test suite, notebooks and the browser test included (FRESH=1: no stored runs)
-	@# the Python install (network), the Horovod compile (CPU) and the Debian packages (disk) overlap
-	@$(MAKE) --no-print-directory -j3 venv horovod-wheel debs
+	@# the Python install (network), the Horovod compile (CPU), the Debian packages (disk) and the hub's proxy (npm) overlap
+	@$(MAKE) --no-print-directory -j3 venv horovod-wheel debs hub-proxy
 	@$(MAKE) --no-print-directory horovod
 	@# DeepSpeed compiles its CPU shared-memory op on first use (ddtk/frameworks/deepspeed_ops.py):
 	@# build it in the background, beside the tests; a job that needs it first waits on DeepSpeed's lock
@@ -66,7 +78,7 @@ test: ## run the whole test suite, notebooks and the browser test included (FRES
 	$(BIN)/python -m compileall -q -j 0 ddtk tests >/dev/null
 	@# build/executed/ keeps executed notebooks by code, parameters and environment (ddtk/course/executions.py)
 	@if [ -n "$(FRESH)" ]; then rm -rf build/executed; fi
-	DDTK_REQUIRE=horovod,browser,shellcheck,netns,iperf3,prometheus $(BIN)/python -m pytest -n $(TEST_JOBS) tests course --ignore=tests/site --nbval-lax --durations=25 $(PYTEST_ARGS)
+	DDTK_REQUIRE=horovod,browser,hub,shellcheck,netns,iperf3,prometheus,monitoring $(BIN)/python -m pytest -n $(TEST_JOBS) tests course --ignore=tests/site --nbval-lax --durations=25 $(PYTEST_ARGS)
 	@# the course site, from the notebooks the run above executed (build/executed/notebooks), and its test
 	$(BIN)/ddtk course book
 	DDTK_REQUIRE=browser,book DDTK_TEST_TIMES=build/test-times-site.json $(BIN)/python -m pytest tests/site $(PYTEST_ARGS)
@@ -94,6 +106,9 @@ bench: venv ## every benchmark, each against its peer or formula (JSON + PNG in 
 	$(BIN)/ddtk bench frameworks --json build/bench/frameworks.json --plot build/bench/frameworks.png
 	$(BIN)/ddtk bench profiler --json build/bench/profiler.json --plot build/bench/profiler.png
 	$(BIN)/ddtk bench network --json build/bench/network.json --plot build/bench/network.png
+
+gpu-check: venv ## every GPU path once (NCCL, CUDA AMP, GPU traces, ZeRO, notebooks), ~8 min on one H100; records docs/benchmarks.md's GPU section
+	$(BIN)/python -m ddtk.bench.gpu_check --record $(GPU_CHECK_ARGS)
 
 lock: venv ## rewrite requirements.lock and environment.yml from .venv
 	$(BIN)/python scripts/lock.py

@@ -62,6 +62,16 @@ def test_lab03_mutant_matrix_stub_fails_solution_passes_every_mutant_fails() -> 
     for variant in ("a restart from the last commit counted as lost",
                     "duplicates counted across epochs", "the world size of a step's first execution"):  # fmt: skip
         assert "3 of 4 parts passed" in words[variant], words[variant]
+    notice = {
+        "no handler: SIGTERM's default action ends the process": "ended by SIGTERM itself: no handler",
+        "the handler exits at once (sys.exit in the handler)": "none: the newest is still step",
+        "SIGTERM only: Slurm's SIGUSR1 still kills it": "ended by SIGUSR1 itself: no handler",
+        "stops at the notice without committing": "none: the newest is still step",
+        "waits for the next periodic checkpoint": "SIGKILLed",
+        "the checkpoint is numbered one step ahead": "with the parameters after exactly",
+    }
+    for variant, said in notice.items():
+        assert said in words[variant], (variant, words[variant])
     elastic = {
         "never resumes from ray.train.get_checkpoint()": "did not resume from ray.train.get_checkpoint()",
         "restores the weights and the step, not the optimizer": "is the whole state restored?",
@@ -85,14 +95,16 @@ def test_shortcuts_earn_nothing_and_start_no_process(monkeypatch) -> None:
     cases = {
         2: ("3a6f6f6b", cell.replace("import hashlib\n", "import hashlib\nfrom ddtk.checkpoint.atomic import atomic_save as _a\n"),
             "imports ddtk.checkpoint.atomic.atomic_save"),
-        7: ("11371148", "import importlib\nlost_committed_steps = importlib.import_module('ddtk.course.judges.lab03')",
+        8: ("11371148", "import importlib\nlost_committed_steps = importlib.import_module('ddtk.course.judges.lab03')",
             "uses importlib"),
         1: ("9d288f91", "import sys\ndef capture_state(m, o, s):\n    return sys._getframe(1).f_locals\n"
             "def restore_state(s, m, o):\n    return 5", "uses .f_locals"),
         3: ("aedc4add", "import ddtk.course.checks as c\nc.expect = lambda *a, **k: None\ndef train(d, s):\n    return {}",
             "imports ddtk.course.checks"),
-        5: ("5b9bab2f", "from ddtk.recovery.ray_train import train_loop\nelastic_trainer = None",
+        6: ("5b9bab2f", "from ddtk.recovery.ray_train import train_loop\nelastic_trainer = None",
             "imports ddtk.recovery.ray_train.train_loop"),
+        4: ("b7c1e4d2", "from ddtk.faults.preemption import PreemptionHandler\n"
+            "def preemptible_train(run_dir, steps):\n    return {}", "imports ddtk.faults.preemption.PreemptionHandler"),
     }  # fmt: skip
     assert_shortcuts_earn_nothing(judge, solution, cases)
 

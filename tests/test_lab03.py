@@ -5,7 +5,8 @@ at its laptop defaults, each check tried on its own on the stub and on the answe
 the stub's whole run for the checks that need the cells before them. Both whole runs
 are those of lab 03's graded class (``tests/test_course_grade.py``), shared through the
 session's execution cache. The solution's run is the real one: part 1
-SIGKILLs a training process three times, part 3 removes a Ray node, adds one back
+SIGKILLs a training process three times and sends another a SIGTERM and a SIGUSR1
+notice, part 3 removes a Ray node, adds one back
 and kills a worker while an elastic ``TorchTrainer`` trains. Afterwards no raylet or
 GCS server of the run may be left, and the hand-in report must hold what the lab
 measured: three faults, each restart resumed from the last commit, no violation of
@@ -24,7 +25,7 @@ from ddtk.course import catalog
 from ddtk.course.labverify import verify_lab_checks
 
 pytestmark = [pytest.mark.notebook, pytest.mark.ray, pytest.mark.slow]
-EXERCISES = 7
+EXERCISES = 8
 
 
 @pytest.fixture(autouse=True)
@@ -48,6 +49,11 @@ def test_every_check_fails_on_the_stub_and_passes_on_the_solution(execution_cach
     part1 = handed_in["part1"]
     assert part1["kills"] == 3 and part1["bitwise_equal"] is True
     assert part1["young_s"] > 0 and part1["save_ms"] > 0
+    notices = part1["notices"]  # two real notices, each committed and exited within the grace period
+    assert [n["signal"] for n in notices] == ["SIGTERM", "SIGUSR1"], notices
+    for n in notices:
+        assert n["exit status"] == 0 and 0 <= n["to commit (ms)"] <= n["to exit (ms)"] < n["grace (s)"] * 1e3
+    assert notices[0]["committed step"] < notices[1]["committed step"]
     faults = {row["fault"]: row for row in handed_in["part3"]["faults"]}
     assert list(faults) == ["node removed", "node added", "worker killed"]
     assert (faults["node removed"]["world_before"], faults["node removed"]["world_after"]) == (2, 1)

@@ -23,6 +23,9 @@ shared ``file_sd`` folder, and seconds do not matter.
 from __future__ import annotations
 
 import contextlib
+import math
+import re
+import shutil
 import socket
 import threading
 import time
@@ -46,8 +49,9 @@ DEMO_RULES = RuleParams(window="5s", hang_after_s=5.0, hang_for="1s", straggler_
 
 @dataclass
 class WatchedRun:
-    """What :func:`watch_job` saw: the live server, the job's result, when each alert first
-    fired and when the targets were first up (seconds after the server started)."""
+    """What :func:`watch_job` saw in the job's last run: the live server, the job's result,
+    when each alert first fired and when the targets were first up (seconds after the
+    server started); ``start`` is when that run began."""
 
     prom: PrometheusServer
     job: Any  # ddtk.profiling.jobs.JobResult
@@ -58,6 +62,8 @@ class WatchedRun:
     work_dir: Path = Path(".")
     job_name: str = "ddtk-demo"
     ports: list[int] = field(default_factory=list)
+    config: Any = None  # the JobConfig the last run ran (its timed_steps scaled on a rerun)
+    runs: int = 1  # runs of the job until the expected alerts fired
 
     @property
     def tensorboard_dir(self) -> Path:
@@ -110,6 +116,41 @@ class _Job(threading.Thread):
             raise RuntimeError(f"the watched job failed: {self.error}") from self.error
 
 
+def _seconds(duration: str) -> float:
+    """A Prometheus duration (``5s``, ``1m``, ``1h``) in seconds."""
+    units = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    total = 0.0
+    for number, unit in re.findall(r"(\d+)(ms|s|m|h|d)", duration):
+        total += int(number) * units[unit]
+    return total
+
+
+def _watch_once(prom: PrometheusServer, job: _Job, job_name: str, world_size: int, t0: float,
+                timeout: float) -> tuple[dict[str, Alert], dict[str, float]]:  # fmt: skip
+    """Poll targets and alerts while ``job`` runs; what fired and when (seconds after ``t0``)."""
+    fired: dict[str, Alert] = {}
+    seconds: dict[str, float] = {"job start": time.monotonic() - t0}
+    job.start()
+    try:
+        while job.is_alive():
+            if "targets up" not in seconds:
+                up = [t for t in prom.targets() if t["labels"].get("job") == job_name and t["health"] == "up"]
+                if len(up) == world_size:
+                    seconds["targets up"] = time.monotonic() - t0
+            for alert in prom.alerts():
+                if alert.state == "firing" and alert.name not in fired:
+                    fired[alert.name] = alert
+                    seconds[f"{alert.name} firing"] = time.monotonic() - t0
+            if time.monotonic() - t0 - seconds["job start"] > timeout:
+                raise PrometheusError(f"the watched job did not end within {timeout:.0f} s")
+            time.sleep(0.1)
+    finally:
+        job.join(timeout)
+    seconds["job done"] = time.monotonic() - t0
+    job.check()
+    return fired, seconds
+
+
 @contextlib.contextmanager
 def watch_job(
     config: Any,
@@ -122,56 +163,58 @@ def watch_job(
     extra_jobs: Sequence[ScrapeJob] = (),
     backend: str = "auto",
     timeout: float = 120.0,
+    attempts: int = 3,
 ) -> Iterator[WatchedRun]:
     """Run ``config`` (a :class:`~ddtk.profiling.jobs.JobConfig` or a preset name) on
     ``world_size`` ranks under a Prometheus scraping and evaluating every
     ``scrape_interval`` seconds; yield a :class:`WatchedRun` once the job has ended, with
     the server still running (stopped on leaving the block).
 
-    ``expect``: alerts that must fire while the job runs; if one has not, the error says
-    which alerts did. ``extra_jobs`` are scraped beside the job (a planted hung exporter,
-    say). Traces, the rule file and TensorBoard files go under ``work_dir``.
+    ``expect``: alerts that must fire while the job runs. The rules need a span of scraped
+    data (their window and ``for``), and a fast machine may finish the job's steps sooner:
+    then the job runs again on the same ports, with its timed steps scaled to last that
+    span, up to ``attempts`` runs in all (the :class:`WatchedRun` says which steps the last
+    one ran). If an alert has still not fired, the error says which did. ``extra_jobs`` are
+    scraped beside the job (a planted hung exporter, say). Traces, the rule file and
+    TensorBoard files go under ``work_dir``.
     """
-    from ddtk.profiling.jobs import run_job  # noqa: F401  (fail here, not in the thread)
+    from ddtk.profiling.jobs import job_config
 
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ValueError(f"attempts must be an integer >= 1, got {attempts!r}")
+    cfg = job_config(config) if isinstance(config, str) else config
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     rule_path = work / "ddtk-training.rules"
     rule_path.write_text(rule_file(rules))
+    span = (_seconds(rules.window) + max(_seconds(rules.straggler_for), _seconds(rules.hang_for))
+            + 4 * scrape_interval + 1.0)  # fmt: skip
     base = free_ports(world_size)
     ports = list(range(base, base + world_size))
     scrape = ScrapeJob(job_name, [f"127.0.0.1:{p}" for p in ports])
     with PrometheusServer([scrape, *extra_jobs], rule_files=[rule_path], scrape_interval=scrape_interval,
                           evaluation_interval=scrape_interval) as prom:  # fmt: skip
-        start, t0 = time.time(), time.monotonic()
-        job = _Job(config=config, world_size=world_size, trace_dir=work / "traces", metrics_port=base,
-                   tensorboard_dir=work / "tensorboard", backend=backend, timeout=timeout)  # fmt: skip
-        job.start()
-        fired: dict[str, Alert] = {}
-        seconds: dict[str, float] = {}
-        try:
-            while job.is_alive():
-                if "targets up" not in seconds:
-                    up = [t for t in prom.targets() if t["labels"].get("job") == job_name and t["health"] == "up"]
-                    if len(up) == world_size:
-                        seconds["targets up"] = time.monotonic() - t0
-                for alert in prom.alerts():
-                    if alert.state == "firing" and alert.name not in fired:
-                        fired[alert.name] = alert
-                        seconds[f"{alert.name} firing"] = time.monotonic() - t0
-                if time.monotonic() - t0 > timeout:
-                    raise PrometheusError(f"the watched job did not end within {timeout:.0f} s")
-                time.sleep(0.1)
-        finally:
-            job.join(timeout)
+        t0 = time.monotonic()
+        for attempt in range(1, attempts + 1):
+            shutil.rmtree(work / "tensorboard", ignore_errors=True)  # one run's scalars only
+            start = time.time()
+            job = _Job(config=cfg, world_size=world_size, trace_dir=work / "traces", metrics_port=base,
+                       tensorboard_dir=work / "tensorboard", backend=backend, timeout=timeout)  # fmt: skip
+            fired, seconds = _watch_once(prom, job, job_name, world_size, t0, timeout)
+            missing = [name for name in expect if name not in fired]
+            scraped = seconds["job done"] - seconds.get("targets up", seconds["job done"])
+            if not missing or attempt == attempts or scraped >= span:
+                break
+            # the targets are known now, so the next run is scraped from its ranks' start:
+            # enough steps of the measured step time to fill the span, with a margin
+            step_s = job.result.step_ms / 1e3 if job.result and job.result.step_ms > 0 else 0.0
+            steps = math.ceil(1.3 * span / step_s) if step_s else 2 * cfg.timed_steps
+            cfg = cfg.replace(timed_steps=max(steps, cfg.timed_steps + 1))
         end = time.time()
-        seconds["job done"] = time.monotonic() - t0
-        job.check()
-        missing = [name for name in expect if name not in fired]
         if missing:
             raise PrometheusError(
-                f"alert(s) {', '.join(missing)} did not fire while the job ran ({seconds['job done']:.1f} s; "
-                f"targets up after {seconds.get('targets up', float('nan')):.1f} s); fired: {sorted(fired) or 'none'}. "
-                "A longer job (more timed_steps) gives the rules more time."
+                f"alert(s) {', '.join(missing)} did not fire while the job ran ({attempt} run(s), the last "
+                f"{cfg.timed_steps} timed steps, scraped for {scraped:.1f} s of the {span:.1f} s the rules "
+                f"need); fired: {sorted(fired) or 'none'}"
             )
-        yield WatchedRun(prom, job.result, fired, seconds, start, end, work, job_name, ports)
+        yield WatchedRun(prom, job.result, fired, seconds, start, end, work, job_name, ports, cfg, attempt)

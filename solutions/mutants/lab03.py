@@ -9,6 +9,7 @@ stub fails, the solution passes and every mutant fails, with the message saying 
 
 CAPTURE, SAVE, TRAIN, CONSISTENCY = "9d288f91", "3a6f6f6b", "aedc4add", "11371148"
 SHARD, RECOVERY, ELASTIC = "3dbab0ba", "dc36b336", "5b9bab2f"
+NOTICE = "b7c1e4d2"
 
 MUTANTS = {
     1: {
@@ -125,6 +126,32 @@ MUTANTS = {
         ),
     },
     4: {
+        "no handler: SIGTERM's default action ends the process": (NOTICE, [
+            ("    previous = {sig: signal.signal(sig, on_notice) for sig in (signal.SIGTERM, signal.SIGUSR1)}\n",
+             "    previous = {}\n"),
+        ]),
+        "the handler exits at once (sys.exit in the handler)": (NOTICE, [
+            ("        notice.append(signum)\n", "        raise SystemExit(0)\n"),
+        ]),
+        "SIGTERM only: Slurm's SIGUSR1 still kills it": (NOTICE, [
+            ("for sig in (signal.SIGTERM, signal.SIGUSR1)}", "for sig in (signal.SIGTERM,)}"),
+        ]),
+        "stops at the notice without committing": (NOTICE, [
+            ("        if notice and step != committed:  # the step boundary after the notice\n"
+             "            atomic_save(capture_state(model, optimizer, step), run_dir, step)\n", ""),
+        ]),
+        "waits for the next periodic checkpoint": (NOTICE, [
+            ("        while step < steps and not notice:\n",
+             "        while step < steps and not (notice and step % save_every == 0):\n"),
+        ]),
+        "the checkpoint is numbered one step ahead": (NOTICE, [
+            ("        if notice and step != committed:  # the step boundary after the notice\n"
+             "            atomic_save(capture_state(model, optimizer, step), run_dir, step)\n",
+             "        if notice and step != committed:  # the step boundary after the notice\n"
+             "            atomic_save(capture_state(model, optimizer, step + 1), run_dir, step + 1)\n"),
+        ]),
+    },
+    5: {
         "a strided share instead of a contiguous one": (SHARD, [
             ("    return global_ids(step)[rank * share : (rank + 1) * share]\n",
              "    return global_ids(step)[rank::world]\n"),
@@ -136,7 +163,7 @@ MUTANTS = {
             ("    return global_ids(step)[rank * share", "    return global_ids(0)[rank * share"),
         ]),
     },
-    5: {
+    6: {
         "never resumes from ray.train.get_checkpoint()": (
             ELASTIC,
             [
@@ -196,7 +223,7 @@ MUTANTS = {
             ],
         ),
     },
-    6: {
+    7: {
         "steps lost without the step in flight": (RECOVERY, [
             ('"steps_lost": last["step"] + 1 - start["resumed_from"]',
              '"steps_lost": last["step"] - start["resumed_from"]'),
@@ -209,7 +236,7 @@ MUTANTS = {
              '"restart_s": first["t"] - t_fault,\n        "recovery_s": start["t"] - t_fault,'),
         ]),
     },
-    7: {
+    8: {
         "answers for the one log it was shown": (
             CONSISTENCY,
             [

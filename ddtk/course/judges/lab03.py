@@ -18,9 +18,22 @@ can carry:
    checkpoint of a state only it knows (secret noise in the weights), then starts
    ``train()`` in a new process: only a ``train()`` that really loads the checkpoint
    ends where the judge's reference does. A ``train()`` that recomputes cannot.
-4. **each rank's share**: every world size on a data order seeded with the secret, and
+4. **checkpoint on a preemption notice**: the learner's own code commits a state only
+   the judge knows; then ``preemptible_train`` runs in a process of its own, forked by the
+   worker (:class:`ddtk.faults.preemption.NoticeTarget`; in a notebook's own check, a new
+   interpreter), with no periodic commit and a ``train_steps`` that reports each finished
+   step to a file. The judge, from outside, finds that process by its token, waits until
+   it has a notice handler and has finished a step, sends it a real ``SIGTERM`` and
+   watches it (:class:`Preemptor`): the new
+   manifest's arrival, the exit and the exit status (read from ``/proc`` while the
+   process is a zombie), a ``SIGKILL`` at the end of the grace period. A second start
+   gets ``SIGUSR1``. Each notice must leave exactly one new committed checkpoint, within
+   the grace period, at the first step boundary after the notice, holding bit for bit the
+   judge's continuation at its step (not a state saved mid-step, nor another step's); a
+   last start, without a notice, must end where the judge's uninterrupted run ends.
+5. **each rank's share**: every world size on a data order seeded with the secret, and
    the world sizes that must be refused.
-5. **the elastic training loop and its trainer**: ``train_loop`` runs on real gloo
+6. **the elastic training loop and its trainer**: ``train_loop`` runs on real gloo
    ranks (``ddtk.launch``) under lab 01's stand-in of Ray Train's worker API, on a data
    set and a data order seeded with the secret and a model seed the notebook never
    used. ``get_checkpoint()`` hands out a checkpoint the learner's own ``capture_state``
@@ -38,11 +51,11 @@ can carry:
    ``num_to_keep`` and ``RunEvents`` callback come back as data. Ray Train itself does
    not run here (a ``TorchTrainer.fit`` costs seconds even in local mode): the
    notebook's own check runs it in local mode.
-6. **measure each recovery** and 7. **consistency checks**: run on seeded logs the
-   learner has never seen (for 7, clean ones and ones with faults planted); the judge
+7. **measure each recovery** and 8. **consistency checks**: run on seeded logs the
+   learner has never seen (for 8, clean ones and ones with faults planted); the judge
    computes every number and knows every violation it planted.
 
-Exercise 5's worker also runs part 2's set-up cell (``log_event``, ``stop_step``,
+Exercise 6's worker also runs part 2's set-up cell (``log_event``, ``stop_step``,
 ``RunEvents``; it imports Ray Train for the ``TorchTrainer``), as one of the exercise's
 cells: only that worker pays for Ray's import. The probe replaces the data set and the
 data order it defines with the judge's, so an edit there changes nothing the judge
@@ -56,6 +69,7 @@ import itertools
 import json
 import random
 import re
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -401,6 +415,199 @@ def check_resume(ctx: Context) -> None:
 
 # ------------------------------------------------------------------ exercise 4
 
+_NOTICE = "b7c1e4d2"  # the answer cell: preemptible_train
+NOTICE_GRACE_S = 10.0  # the judge's grace period: the commit of a tiny model takes milliseconds
+NOTICE_AFTER_S = 0.1  # training between the first finished step and the notice
+NOTICE_STEP_SLEEP = 0.02  # so that a notice finds the loop mid-run, a step at most from a boundary
+NOTICE_NEVER = 10**6  # save_every and steps: no periodic commit, no natural end
+_TARGETS: dict[str, Any] = {}  # in the worker: the started processes, by token
+
+
+def probe_notice_start(ns: dict[str, Any], seed: int, run_dir: str, folder: str, tag: str,
+                       fork: bool) -> dict:  # fmt: skip
+    """Start ``preemptible_train(run_dir, NOTICE_NEVER)`` in a fresh process, with no
+    periodic commit and a ``train_steps`` that also appends each step it finished to
+    ``<tag>.progress`` (how the judge knows the run is under way, and where). Returns what
+    the judge needs to find the process (its token) and to read (ready, progress, log).
+    ``fork``: fork this worker (a grader's, single-threaded) instead of starting a new
+    interpreter, which costs seconds of imports; a notebook's kernel is not forked."""
+    from ddtk.faults.preemption import NoticeTarget
+
+    progress = Path(folder) / f"{tag}.progress"
+    given = ns["train_steps"]
+
+    def train_steps(model: Any, optimizer: Any, first: int, last: int) -> None:
+        given(model, optimizer, first, last)
+        with open(progress, "a") as out:
+            out.write(f"{last}\n")
+
+    ns.update(seed=seed, drill_step_sleep=NOTICE_STEP_SLEEP, save_every=NOTICE_NEVER,
+              train_steps=train_steps)  # fmt: skip
+    try:
+        target = NoticeTarget(ns["preemptible_train"], (run_dir, NOTICE_NEVER), folder, tag=tag,
+                              fork=fork)  # fmt: skip
+    finally:
+        ns["train_steps"] = given
+    _TARGETS[target.token] = target
+    return {"token": target.token, "ready": str(target.ready), "log": str(target.log),
+            "progress": str(progress), "ended": target.ended()}  # fmt: skip
+
+
+def probe_notice_end(ns: dict[str, Any], token: str) -> int | None:
+    """Reap the process started for ``token`` (SIGKILL first if it still runs); its exit code."""
+    target = _TARGETS.pop(token, None)
+    return None if target is None else target.close()
+
+
+def probe_notice_finish(ns: dict[str, Any], seed: int, run_dir: str, steps: int) -> dict:
+    """``preemptible_train(run_dir, steps)`` here, with no notice: its final state_dict."""
+    ns["torch"].set_num_threads(1)
+    ns.update(seed=seed, drill_step_sleep=0.0, save_every=NOTICE_NEVER)
+    return {k: v.detach().clone() for k, v in ns["preemptible_train"](run_dir, steps).items()}
+
+
+def probe_checkpoint(ns: dict[str, Any], seed: int, run_dir: str) -> dict:
+    """The newest checkpoint ``load_latest`` returns, restored (``restore_state``) into a
+    fresh model: its step and parameters, whatever the layout of the learner's state."""
+    torch = ns["torch"]
+    ns["seed"] = seed
+    found = ns["load_latest"](run_dir)
+    if found is None:
+        return {"step": None, "params": {}}
+    with torch.random.fork_rng(devices=[]):
+        model, optimizer = ns["make_model"](seed + 1)
+        step = ns["restore_state"](found[1], model, optimizer)
+    return {"step": int(found[0]), "restored": int(step), "params": _params(model)}
+
+
+def committed_steps(run_dir: Path) -> set[int]:
+    """The steps whose manifest (``step-XXXXXXXX.json``) is in ``run_dir``: a name only, as
+    a scheduler's watcher sees a commit from outside."""
+    steps = set()
+    for path in run_dir.glob("step-*.json"):
+        digits = path.name[len("step-") : -len(".json")]
+        if digits.isdigit():
+            steps.add(int(digits))
+    return steps
+
+
+def _tail(log: str, chars: int = 600) -> str:
+    try:
+        return Path(log).read_text(errors="replace")[-chars:].strip() or "(no output)"
+    except OSError:
+        return "(no output)"
+
+
+def progress_of(path: str) -> int | None:
+    """The last step the training process reported finishing (None: none yet)."""
+    try:
+        lines = Path(path).read_text().split()
+    except OSError:
+        return None
+    return int(lines[-1]) if lines and lines[-1].isdigit() else None
+
+
+def _deliver(started: dict, sig: str, run_dir: Path, resumed: int) -> tuple[Any, int | None, int]:
+    """From the judge's side: find the process, wait until it has finished a step, send
+    ``sig``, watch. Returns the :class:`NoticeOutcome`, the exit
+    code read from outside, and the last step it had finished when the notice went."""
+    from ddtk.faults.preemption import Preemptor, pid_of, wait_for
+
+    ready, token = Path(started["ready"]), started["token"]
+    seen = {"alive": started["ended"]}  # once found (or known ended), "not found" means ended
+
+    def started_or_ended() -> bool:
+        if ready.exists():
+            return True
+        alive = pid_of(token) is not None
+        seen["alive"] = seen["alive"] or alive
+        return seen["alive"] and not alive
+
+    try:
+        wait_for(started_or_ended, 120.0, "the start")
+    except TimeoutError:
+        raise CheckFailed(
+            "the training process did not call preemptible_train within 120 s"
+        ) from None
+    pid = pid_of(token)
+    if pid is None:
+        raise CheckFailed(f"the training process ended before the notice: {_tail(started['log'])}")
+    try:  # a finished step: the loop runs (and has installed its handler, if it has one)
+        wait_for(lambda: (progress_of(started["progress"]) or 0) > resumed or pid_of(token) is None,
+                 60.0, "a step")  # fmt: skip
+    except TimeoutError:
+        raise CheckFailed(f"preemptible_train, resumed at step {resumed}, finished no step with "
+                          "train_steps within 60 s") from None  # fmt: skip
+    time.sleep(NOTICE_AFTER_S)
+    before = committed_steps(run_dir)
+    reached = progress_of(started["progress"]) or resumed
+    outcome = Preemptor(NOTICE_GRACE_S, sig).deliver(
+        [pid], committed=lambda: bool(committed_steps(run_dir) - before)
+    )
+    return outcome, outcome.exit_codes.get(pid), reached
+
+
+def check_notice(ctx: Context) -> None:
+    import signal
+
+    worker = ctx.worker()
+    folder = Path(worker.folder) / "notice"
+    run_dir = folder / "run"
+    noise, first = ctx.seed + 13, 3 + ctx.seed % 4
+    # a state only the judge knows, committed by the learner's own capture_state + atomic_save
+    worker.probe(f"{_P}:probe_commit", seed=ctx.seed, noise_seed=noise, run_dir=str(run_dir),
+                 step=first)  # fmt: skip
+    last = first
+    for sig in ("SIGTERM", "SIGUSR1"):  # Kubernetes' notice, then Slurm's --signal=USR1@90
+        before = committed_steps(run_dir)
+        started = worker.probe(f"{_P}:probe_notice_start", seed=ctx.seed, run_dir=str(run_dir),
+                               folder=str(folder), tag=sig.lower(), fork=not ctx.local)  # fmt: skip
+        try:
+            outcome, code, reached = _deliver(started, sig, run_dir, last)
+        finally:
+            reaped = worker.probe(f"{_P}:probe_notice_end", token=started["token"])
+        code = reaped if code is None else code  # the judge's own reading first
+        when = f"{sig} sent to a run resumed at step {last}"
+        expect(not outcome.killed, f"the process after {when}",
+               expected=f"ended on its own within the {NOTICE_GRACE_S:g} s grace period",
+               got="still running at its end, and SIGKILLed (is the notice checked at every step "
+                   "boundary, and does the loop then return?)")  # fmt: skip
+        if code == -int(signal.Signals[sig]):
+            got = (f"ended by {sig} itself: no handler for {sig} was installed, and its default "
+                   "action ends the process")  # fmt: skip
+        else:
+            got = f"exit status {code}: {_tail(started['log'])}"
+        expect(code == 0, f"the exit status after {when}", expected=0, got=got)
+        new = sorted(committed_steps(run_dir) - before)
+        expect(len(new) == 1, f"checkpoints committed after {when} (save_every was {NOTICE_NEVER})",
+               expected="exactly one, of the step the loop had reached",
+               got=new or f"none: the newest is still step {max(before, default=None)}")  # fmt: skip
+        (step,) = new
+        taken = outcome.seconds_to_commit
+        expect(taken is not None and taken <= NOTICE_GRACE_S, f"the time from {sig} to the commit",
+               expected=f"within the {NOTICE_GRACE_S:g} s grace period",
+               got="never seen" if taken is None else f"{taken:.2f} s")  # fmt: skip
+        expect(reached <= step <= reached + 1, f"the step committed after {when}",
+               expected=f"{reached} or {reached + 1}: the first step boundary after the notice "
+                        f"(step {reached} was done when it came)", got=step)  # fmt: skip
+        got_ckpt = worker.probe(f"{_P}:probe_checkpoint", seed=ctx.seed, run_dir=str(run_dir))
+        diff = _mismatch(reference_run(ctx.ref, ctx.seed, noise, first, step), got_ckpt["params"])
+        expect(got_ckpt["step"] == step and got_ckpt.get("restored") == step and not diff,
+               f"the checkpoint committed after {sig} (step-{step:08d}), restored",
+               expected=f"step {step}, with the parameters after exactly {step} steps",
+               got=f"step {got_ckpt['step']} (restore_state says {got_ckpt.get('restored')}), "
+                   f"different tensors {diff}: saved mid-step, from the handler, or with another step's number?")  # fmt: skip
+        last = step
+    final = worker.probe(f"{_P}:probe_notice_finish", seed=ctx.seed, run_dir=str(run_dir),
+                         steps=last + 3)  # fmt: skip
+    diff = _mismatch(reference_run(ctx.ref, ctx.seed, noise, first, last + 3), final)
+    expect(not diff, f"preemptible_train(run_dir, {last + 3}) after the two notices, with none",
+           expected="the parameters of the uninterrupted run, bit for bit",
+           got=f"different tensors {diff}: did it resume from the notice's checkpoint?")  # fmt: skip
+
+
+# ------------------------------------------------------------------ exercise 5
+
 DATASET_SIZE, GLOBAL_BATCH = 96, 16
 
 
@@ -449,7 +656,7 @@ def check_shard(ctx: Context) -> None:
                expected=want, got=value)  # fmt: skip
 
 
-# ------------------------------------------------------------------ exercise 5
+# ------------------------------------------------------------------ exercise 6
 
 _PART2 = "69e816fd"  # part 2's set-up: the data, log_event, stop_step, RunEvents
 _HANDED_OUT = tuple(f"ddtk.recovery.common.{n}" for n in ("build", "fingerprint", "global_batch",
@@ -801,7 +1008,7 @@ def check_elastic(ctx: Context) -> None:
         _check_run(case, got, reference_elastic(seed, model_seed, case), seed)
 
 
-# ------------------------------------------------------------------ exercise 6
+# ------------------------------------------------------------------ exercise 7
 
 
 def probe_recovery(ns: dict[str, Any], cases: list[tuple[list[dict], float]]) -> list:
@@ -872,7 +1079,7 @@ def _close(got: Any, want: Any) -> bool:
     return got == want
 
 
-# ------------------------------------------------------------------ exercise 7
+# ------------------------------------------------------------------ exercise 8
 
 
 def _effective(events: list[dict]) -> list[dict]:
@@ -997,11 +1204,13 @@ JUDGE = LabJudge(
                     _CKPT, _GIVEN),
         3: Exercise(3, "a resumable training process", ("9d288f91", "3a6f6f6b", "aedc4add"),
                     check_resume, _CKPT, _GIVEN),
-        4: Exercise(4, "each rank's share of the global batch", ("3dbab0ba",), check_shard, _CKPT),
-        5: Exercise(5, "the elastic training loop", (_PART2, "9d288f91", "3dbab0ba", "5b9bab2f"),
+        4: Exercise(4, "checkpoint on a preemption notice", ("9d288f91", "3a6f6f6b", _NOTICE),
+                    check_notice, _CKPT, _GIVEN),
+        5: Exercise(5, "each rank's share of the global batch", ("3dbab0ba",), check_shard, _CKPT),
+        6: Exercise(6, "the elastic training loop", (_PART2, "9d288f91", "3dbab0ba", "5b9bab2f"),
                     check_elastic, _CKPT, _HANDED_OUT),
-        6: Exercise(6, "measure each recovery", ("dc36b336",), check_recovery, _CKPT),
-        7: Exercise(7, "consistency checks", ("9c02cc25", "11371148"), check_consistency, _CKPT),
+        7: Exercise(7, "measure each recovery", ("dc36b336",), check_recovery, _CKPT),
+        8: Exercise(8, "consistency checks", ("9c02cc25", "11371148"), check_consistency, _CKPT),
     },
 )  # fmt: skip
 
