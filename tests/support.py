@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import signal
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -162,3 +163,15 @@ def machine_state(sample_s: float = 0.5) -> str:
         f"nice {os.nice(0)}, {me.num_threads()} threads, {len(children)} live children; "
         f"busiest over {sample_s} s: {top}"
     )
+
+
+def nothing_listens_on(port: int, host: str = "127.0.0.1") -> bool:
+    """True when no socket is bound to ``port`` and it could be bound now (a connection left
+    in TIME_WAIT by a closed client does not count: SO_REUSEADDR lets the bind through)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

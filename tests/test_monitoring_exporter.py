@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support import nothing_listens_on
 
 from ddtk.monitoring.exporter import PARTS, TrainingMetrics, shares_from_trace
 
@@ -28,15 +29,6 @@ def _value(family, suffix: str = "", **labels: str) -> float:
     [sample] = [s for s in family.samples
                 if s.name == family.name + suffix and all(s.labels.get(k) == v for k, v in labels.items())]  # fmt: skip
     return sample.value
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def test_the_page_has_every_metric_with_its_type_unit_and_labels(tmp_path: Path) -> None:
@@ -75,10 +67,10 @@ def test_the_rank_registers_for_file_sd_and_leaves_nothing_behind(tmp_path: Path
     assert entry == [{"targets": [f"127.0.0.1:{m.port}"], "labels": {}}]
     assert sorted(p.name for p in (tmp_path / "targets").iterdir()) == ["rank0.json"]  # no temp file
     port = m.port
-    assert not _port_is_free(port)
+    assert not nothing_listens_on(port)
     m.close()
     m.close()  # twice is fine
-    assert _port_is_free(port) and not (tmp_path / "targets" / "rank0.json").exists()
+    assert nothing_listens_on(port) and not (tmp_path / "targets" / "rank0.json").exists()
 
 
 def test_a_checkpoint_age_starts_when_the_interval_is_declared() -> None:
@@ -184,6 +176,6 @@ def test_run_jobs_metrics_arguments_are_checked_before_any_rank_starts(tmp_path:
         run_job("baseline", 2, tensorboard_dir=tmp_path)
     base = free_ports(3)
     for port in range(base, base + 3):
-        assert _port_is_free(port)
+        assert nothing_listens_on(port)
     with pytest.raises(ValueError, match="count must be an integer >= 1"):
         free_ports(0)

@@ -13,12 +13,11 @@ job itself measured and wrote (its throughput, its profiled trace, its TensorBoa
 from __future__ import annotations
 
 import math
-import socket
 from pathlib import Path
 
 import psutil
 import pytest
-from support import import_or_require, require_or_skip
+from support import import_or_require, nothing_listens_on, require_or_skip
 
 from ddtk.monitoring.exporter import TrainingMetrics, shares_from_trace
 from ddtk.monitoring.prometheus import PrometheusNotInstalled, ScrapeJob, find_binary
@@ -27,16 +26,6 @@ pytestmark = pytest.mark.distributed
 
 JOB = "ddtk-demo"
 STEPS = 40  # timed steps after the profiled window: about 5 s at 130 ms a step
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +51,7 @@ def run(tmp_path_factory):
     finally:
         hung.close()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    assert all(_bindable(p) for p in watched.ports), f"a rank's metrics port is still taken: {watched.ports}"
+    assert all(nothing_listens_on(p) for p in watched.ports), f"a rank's metrics port is still taken: {watched.ports}"
 
 
 def _at(run, expr: str) -> list:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import require_or_skip
+from support import nothing_listens_on, require_or_skip
 
 from ddtk.monitoring.prometheus import (
     PrometheusError,
@@ -48,13 +48,7 @@ def _free(port: int) -> bool:
         return False
     except ConnectionRefusedError:
         pass
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    return nothing_listens_on(port)
 
 
 def test_start_and_stop_leave_nothing_behind(tmp_path: Path) -> None:
