@@ -350,6 +350,10 @@ class NoticeTarget:
         try:
             os.setsid()
             _name_this_process(self.token)
+            # a new process's dispositions, not the parent's handlers (a test runner's, say):
+            # a target without a handler of its own must die of the notice's default action
+            for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             os.dup2(log, 1)
             os.dup2(log, 2)

@@ -151,6 +151,16 @@ def _watch_once(prom: PrometheusServer, job: _Job, job_name: str, world_size: in
     return fired, seconds
 
 
+def _wait_for_quiet(prom: PrometheusServer, job_name: str, timeout: float) -> None:
+    """Wait until no alert about ``job_name`` is pending or firing: the last run's samples
+    have left the rules' windows, so an alert of the next run is that run's own."""
+    deadline = time.monotonic() + timeout
+    while any(a.labels.get("job") == job_name for a in prom.alerts()):
+        if time.monotonic() > deadline:
+            raise PrometheusError(f"the alerts about {job_name} stayed active {timeout:.0f} s after its run ended")
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def watch_job(
     config: Any,
@@ -205,6 +215,7 @@ def watch_job(
             scraped = seconds["job done"] - seconds.get("targets up", seconds["job done"])
             if not missing or attempt == attempts or scraped >= span:
                 break
+            _wait_for_quiet(prom, job_name, 2 * span)  # what fires next comes from the next run
             # the targets are known now, so the next run is scraped from its ranks' start:
             # enough steps of the measured step time to fill the span, with a margin
             step_s = job.result.step_ms / 1e3 if job.result and job.result.step_ms > 0 else 0.0
