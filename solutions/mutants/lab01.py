@@ -155,8 +155,7 @@ MUTANTS = {
         "no DDP wrapper: each rank trains alone": (
             DDP,
             [
-                ("model = DDP(SmallCNN())", "model = SmallCNN()"),
-                ("model.module(torch.from_numpy", "model(torch.from_numpy"),
+                ("        model = DDP(model)\n", "        pass\n"),
             ],
         ),
         "contiguous halves instead of every world_size-th sample": (
@@ -180,6 +179,10 @@ MUTANTS = {
                     '{"image": x.astype("float32"), "label": y}',
                 )
             ],
+        ),
+        "every epoch's seconds reported as the last epoch's": (
+            DDP,
+            [("        train_s += last_epoch_s\n", "        train_s += last_epoch_s\n        last_epoch_s = train_s\n")],
         ),
         "a checksum reported instead of computed": (
             DDP,

@@ -49,7 +49,8 @@ answer can:
    all-reduces and reads each rank's final parameters (the learner's reported
    checksum is compared with the one the judge computes from them); samples per rank,
    the accuracy on the whole validation split and the parameters are compared with
-   the judge's own two-rank data-parallel SGD on every ``world_size``-th sample.
+   the judge's own two-rank data-parallel SGD on every ``world_size``-th sample; the
+   last epoch's seconds must be positive and below all epochs' (the epoch count is 3).
 6. **scaling table**: seeded measurements (worker counts in shuffled order, extra
    fields) and the two missing-baseline cases that must raise ``ValueError``; the
    judge computes every cell.
@@ -1400,7 +1401,7 @@ def check_ddp(ctx: Context) -> None:
                f"{len(scaled['val']['label'])} val samples, {epochs} epoch(s), batch_size {bs}, lr {lr})")  # fmt: skip
     outs = [rank["out"] for rank in ranks]
     expect(all(isinstance(o, dict) for o in outs), f"what ddp_train returns {setting}",
-           expected="a dict with samples, train_s, accuracy, checksum", got=outs)  # fmt: skip
+           expected="a dict with samples, train_s, last_epoch_s, accuracy, checksum", got=outs)  # fmt: skip
     want_samples = [epochs * len(y) for _, y in shards]
     got_samples = [o.get("samples") for o in outs]
     expect(got_samples == want_samples, f"samples per rank {setting}",
@@ -1430,9 +1431,13 @@ def check_ddp(ctx: Context) -> None:
                f"rank {r}'s checksum {setting}",
                expected=f"{checksum:.6f}, the sum of the parameters the grader read from the rank",
                got=o.get("checksum"))  # fmt: skip
-        train_s = o.get("train_s")
+        train_s, last = o.get("train_s"), o.get("last_epoch_s")
         expect(isinstance(train_s, int | float) and train_s > 0, f"rank {r}'s train_s {setting}",
                expected="> 0 seconds", got=train_s)  # fmt: skip
+        expect(isinstance(last, int | float) and 0 < last < train_s,
+               f"rank {r}'s last_epoch_s {setting}",
+               expected=f"more than 0 and less than train_s ({train_s}) over {epochs} epochs",
+               got=last)  # fmt: skip
 
 
 # ------------------------------------------------------------------ exercise 6
