@@ -27,6 +27,7 @@ from ddtk.course.grading.restore import fingerprint, restore
 pytestmark = pytest.mark.notebook
 
 SETUP = "from ddtk.course.checks import exercise, expect"
+ROOT = Path(__file__).resolve().parents[1]
 EXERCISES = [
     ("def total(values):\n    # BEGIN SOLUTION total\n    return sum(values)\n    # END SOLUTION",
      "with exercise(1, 'total'):\n    got = total(range(n))\n"
@@ -302,6 +303,8 @@ def test_exit_codes_all_passed_and_usage_errors(tmp_path: Path, capsys) -> None:
         ([str(sol_path), str(tmp_path / "missing")], "no such folder"),
         ([str(sol_path), str(tmp_path / "none")], "no submissions"),
         (["lab77", str(subs)], "unknown notebook 'lab77'"),
+        (["quiz", str(subs)], "grade it with `ddtk quiz grade`"),
+        (["02-optuna", str(subs)], "not a lab or a lecture"),
         ([str(subs / "ann.ipynb").replace("ann", "nobody"), str(subs)], "unknown notebook"),
         ([str(sol_path), str(subs), "-p", "bad key=1"], "bad parameter"),
         ([str(stub_path), str(subs)], "has no exercise cell before it"),
@@ -310,6 +313,13 @@ def test_exit_codes_all_passed_and_usage_errors(tmp_path: Path, capsys) -> None:
         assert main(["grade", *args, "--out", str(tmp_path / "o2")]) == 2, args
         assert words in capsys.readouterr().err, args
     assert not (tmp_path / "o2").exists()  # nothing written on a usage error
+
+
+def test_short_names_grade_against_the_lab_solution_or_the_lecture_itself() -> None:
+    from ddtk.course.cli import _lab_solution
+
+    assert _lab_solution("lab02") == ROOT / "solutions" / "lab02-horovod.ipynb"
+    assert _lab_solution("01") == ROOT / "course" / "01-distributed-fundamentals.ipynb"
 
 
 # ---------------------------------------------------------------- (b) the real labs

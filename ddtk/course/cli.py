@@ -442,7 +442,9 @@ def cmd_pull_link(args: argparse.Namespace) -> int:
 
 
 def _lab_solution(name: str) -> Path:
-    """The solution notebook to grade against: a catalog lab (``lab01``) or a path."""
+    """The notebook to grade against: a catalog lab (``lab01``) or lecture (``01``), or a path.
+
+    A lecture is its own solution: its exercises' checks run as they are in ``course/``."""
     from ddtk.course import catalog
     from ddtk.course.notebooks import NotebookError
 
@@ -453,8 +455,10 @@ def _lab_solution(name: str) -> Path:
         entry = catalog.find(name)
     except ValueError as exc:
         raise NotebookError(f"{exc}; or give the path of a solution notebook") from None
-    if entry.kind != "lab" or not entry.exists:
-        raise NotebookError(f"{name!r} is not a lab of this checkout ({entry.path})")
+    if entry.kind == "quiz":
+        raise NotebookError(f"{name!r} is the quiz: grade it with `ddtk quiz grade`")
+    if entry.kind not in ("lab", "lecture") or not entry.exists:
+        raise NotebookError(f"{name!r} is not a lab or a lecture of this checkout ({entry.path})")
     return entry.file
 
 
@@ -707,8 +711,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="a new folder: OUT/<student>/ for each")
     p.set_defaults(func=cmd_collect)
 
-    p = sub.add_parser("grade", help="grade a class's lab notebooks by running them")
-    p.add_argument("lab", metavar="LAB", help="lab short name (lab01) or solution notebook path")
+    p = sub.add_parser("grade", help="grade a class's lab (or lecture) notebooks by running them")
+    p.add_argument(
+        "lab",
+        metavar="LAB",
+        help="a lab's short name (lab01), a lecture's (01), or a solution notebook's path",
+    )
     p.add_argument(
         "submissions",
         metavar="SUBMISSIONS",
