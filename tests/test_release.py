@@ -103,6 +103,9 @@ def test_the_release_is_the_learners_tree(release: Path) -> None:
     readme = (release / "README.md").read_text()
     assert "make lab" in readme and "labs/lab01-ray-train.ipynb" in readme
     assert "solutions/" not in readme
+    for page in sorted((ROOT / "resources").glob("*.md")):  # every reference page, linked
+        assert f"](resources/{page.name})" in readme, page.name
+        assert (release / "resources" / page.name).is_file(), page.name
     # the labs' judges are withheld; what a lab's check cell calls still runs
     withheld = (release / "ddtk" / "course" / "judges" / "lab03.py").read_text()
     assert "withheld" in withheld and "expected_findings" not in withheld
@@ -137,7 +140,7 @@ def test_a_planted_secret_stops_the_release_and_nothing_is_written(tmp_path: Pat
     (kit / "docs" / "notes.md").write_text(f"A helpful hint:\n\n    {line}\n")
     key = json.loads((kit / "solutions" / "quiz" / "module-quiz.key.json").read_text())
     feedback = key["questions"][0]["feedback"]["correct"].strip().splitlines()[0]
-    (kit / "resources" / "faq.md").write_text(feedback + "\n")
+    (kit / "resources" / "faq.md").write_text(f"# Questions\n\n{feedback}\n")  # README links the title
     shutil.copy(kit / "solutions" / "project" / "design_numbers.py", kit / "project" / "dn.py")
     out = tmp_path / "out"
     with pytest.raises(ReleaseError) as exc:

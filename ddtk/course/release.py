@@ -102,6 +102,20 @@ def _withheld(rel: str) -> bool:
     return rel.startswith("ddtk/course/judges/") and name.startswith("lab") and name.endswith(".py")
 
 
+def _reference_pages(root: Path) -> list[str]:
+    """The README's lines for ``resources/``: each page with its own title, lecture pages first."""
+    pages = sorted((root / "resources").glob("*.md"), key=lambda p: (not p.name[0].isdigit(), p.name))
+    if not pages:
+        return []
+    lines = ["## Reference", "",
+             "The pages of `resources/` that the lectures send you to:", ""]  # fmt: skip
+    for page in pages:
+        first = page.read_text(encoding="utf-8").splitlines()[:1]
+        title = first[0].lstrip("# ").strip() if first else page.stem
+        lines.append(f"- [{title}](resources/{page.name})")
+    return [*lines, ""]
+
+
 def learner_readme(root: Path) -> str:
     """The release's README: how to start, and the course in the order to take it."""
     from ddtk.course import catalog
@@ -136,6 +150,7 @@ def learner_readme(root: Path) -> str:
             "|---|---|---|",
             *steps,
             "",
+            *_reference_pages(root),
             "## Handing in",
             "",
             "Each lab's check cells tell you at once whether an exercise does what it should;",
